@@ -84,7 +84,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids named by the request must exist in the model's vocabulary."""
-        for name, ids in (("logit_bias", self.logit_bias or ()), ("stop_token_ids", self.stop_token_ids)):
+        for name, ids in (
+            ("logit_bias", self.logit_bias or ()),
+            ("stop_token_ids", self.stop_token_ids),
+        ):
             for token_id in ids:
                 if token_id >= vocab_size:
                     raise InvalidParameter(

@@ -1,0 +1,36 @@
+"""Our GGUF-built tokenizer and chat template against what HF transformers fed its model."""
+
+from vtllm.models.chat_template import render_chat
+from vtllm.models.tokenizer import IncrementalDetokenizer
+
+
+def test_prompt_ids_match_hf(default_model, goldens):
+    tok = default_model.tokenizer
+    for prompt in goldens["prompts"]:
+        text = prompt["rendered"] if prompt["kind"] == "chat" else prompt["text"]
+        assert tok.encode(text) == prompt["prompt_ids"], prompt["name"]
+
+
+def test_chat_template_matches_hf(default_model, goldens):
+    tok = default_model.tokenizer
+    for prompt in goldens["prompts"]:
+        if prompt["kind"] != "chat":
+            continue
+        rendered = render_chat(tok.chat_template, prompt["messages"], add_generation_prompt=True)
+        assert rendered == prompt["rendered"], prompt["name"]
+
+
+def test_decode_roundtrip_tricky_text(default_model):
+    tok = default_model.tokenizer
+    text = "Digits 2024+15=2039, café, 日本語, emoji 🙂, tabs\tand\nnewlines  "
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_incremental_detokenizer_never_splits_characters(default_model):
+    tok = default_model.tokenizer
+    text = "A 🙂 and 日本語 mixed with ascii, then more: ñandú 🎉."
+    ids = tok.encode(text)
+    detok = IncrementalDetokenizer(tok, [])
+    pieces = [detok.push([i]) for i in ids]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)

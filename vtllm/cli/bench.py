@@ -1,0 +1,116 @@
+"""`python -m vtllm bench latency|throughput`: speed of the offline engine on this machine."""
+
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vtllm.scheduler.sampling_params import SamplingParams
+
+PEER_SCRIPT = Path(__file__).resolve().parents[2] / "loadtest" / "peers" / "llamacpp_latency.py"
+
+
+def _random_prompt(vocab: int, n: int, seed: int) -> list[int]:
+    # Skip the low ids, where the special tokens of most vocabularies sit.
+    return np.random.default_rng(seed).integers(100, vocab, n).tolist()
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_bench(args) -> int:
+    from vtllm.cli.generate import load_llm
+
+    if args.bench == "latency":
+        overrides = {"enable_prefix_caching": False}
+        if args.max_num_batched_tokens is None:
+            overrides["max_num_batched_tokens"] = max(2048, args.prompt_len)
+        llm = load_llm(args, **overrides)
+        report = bench_latency(llm, args.prompt_len, args.decode_len, args.repeats)
+        if args.peer_python:
+            report["llama.cpp"] = run_peer(args.peer_python, llm, args)
+        _print(report, args.json)
+        return 0
+    from vtllm.cli.throughput import bench_throughput
+
+    llm = load_llm(args)
+    report = bench_throughput(
+        llm, args.num_prompts, args.input_len, args.output_len, args.concurrency
+    )
+    _print(report, args.json)
+    return 0
+
+
+def bench_latency(llm, prompt_len: int, decode_len: int, repeats: int) -> dict:
+    vocab = llm.loaded.config.vocab_size
+    prefill = []
+    for r in range(repeats):
+        ids = _random_prompt(vocab, prompt_len, seed=r)
+        started = time.perf_counter()
+        llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+        prefill.append(prompt_len / (time.perf_counter() - started))
+    decode = []
+    for r in range(repeats):
+        stamps = []
+        ids = _random_prompt(vocab, 16, seed=100 + r)
+        params = SamplingParams(temperature=0.0, max_tokens=decode_len + 1, ignore_eos=True)
+        llm.generate(
+            ids,
+            params,
+            on_update=lambda _i, u: stamps.extend([time.perf_counter()] * len(u.token_ids)),
+        )
+        decode.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+    import numba
+
+    return {
+        "engine": "vtllm",
+        "model": str(llm.loaded.path),
+        "threads": numba.get_num_threads(),
+        "async_depth": llm.config.async_depth,
+        "prompt_len": prompt_len,
+        "decode_len": decode_len,
+        "prefill_tok_s": {"best": max(prefill), "median": statistics.median(prefill)},
+        "decode_tok_s": {"best": max(decode), "median": statistics.median(decode)},
+        "peak_rss_mib": _peak_rss_mib(),
+        "cpu": platform.processor() or platform.machine(),
+    }
+
+
+def run_peer(python: str, llm, args) -> dict:
+    import numba
+
+    cmd = [
+        python,
+        str(PEER_SCRIPT),
+        "--model",
+        str(llm.loaded.path),
+        "--threads",
+        str(numba.get_num_threads()),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--decode-len",
+        str(args.decode_len),
+        "--repeats",
+        str(args.repeats),
+        "--json",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or ["peer failed"]}
+    return json.loads(done.stdout)
+
+
+def _print(report: dict, as_json: bool) -> None:
+    if as_json:
+        json.dump(report, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    for key, value in report.items():
+        print(f"{key:>16}: {value}")

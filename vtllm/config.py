@@ -1,0 +1,151 @@
+"""Every knob of vtllm, in one table. The only module that reads os.environ.
+
+Each knob has a CLI flag and a VT_ variable (the CLI wins), a type, a default, a range and
+one line of help. `python -m vtllm config` prints them with their values and sources.
+"""
+
+import argparse
+import os
+from dataclasses import dataclass
+
+import msgspec
+
+from vtllm.errors import InvalidParameter
+
+_SIZE_SUFFIXES = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """'512M', '2GiB', '1.5g', '1048576' -> bytes."""
+    s = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = s[-1:] if s[-1:] in _SIZE_SUFFIXES else ""
+    number = float(s[: len(s) - len(unit)])
+    return int(number * _SIZE_SUFFIXES[unit])
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    name: str  # field name; flag --name-with-dashes; env VT_NAME_UPPER
+    type: str  # int | float | str | bool | bytes
+    default: object
+    help: str
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "VT_" + self.name.upper()
+
+
+KNOBS = (
+    Knob(
+        "model", "str", None, "GGUF file or HF safetensors directory (default: SmolLM2-135M Q4_1)"
+    ),
+    Knob("served_model_name", "str", None, "model name clients use (default: the model's name)"),
+    Knob("max_model_len", "int", 4096, "longest sequence (prompt + output) in tokens", 16, 1 << 20),
+    Knob("max_num_seqs", "int", 64, "requests decoded together (slots)", 1, 4096),
+    Knob("max_num_batched_tokens", "int", 2048, "token budget of one step", 16, 1 << 20),
+    Knob(
+        "kv_cache_memory", "bytes", 0, "KV cache bytes (0: a fraction of free memory)", 0, 1 << 50
+    ),
+    Knob(
+        "kv_cache_fraction",
+        "float",
+        0.2,
+        "share of free memory for KV when no byte budget",
+        0.01,
+        0.95,
+    ),
+    Knob("block_size", "int", 16, "tokens per KV cache block", 1, 1024),
+    Knob("enable_prefix_caching", "bool", True, "reuse KV blocks of shared prompt prefixes"),
+    Knob("async_depth", "int", 2, "steps in flight: 1 synchronous, 2 overlapped", 1, 2),
+    Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
+    Knob(
+        "log_level", "str", "info", "log verbosity", choices=("debug", "info", "warning", "error")
+    ),
+)
+KNOBS_BY_NAME = {k.name: k for k in KNOBS}
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    model: str | None = None
+    served_model_name: str | None = None
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_cache_memory: int = 0
+    kv_cache_fraction: float = 0.2
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    async_depth: int = 2
+    cpu_threads: int = 0
+    log_level: str = "info"
+
+
+def _convert(knob: Knob, raw, source: str):
+    try:
+        if knob.type == "int":
+            if isinstance(raw, bool) or (
+                not isinstance(raw, int) and not str(raw).lstrip("-").isdigit()
+            ):
+                raise ValueError(f"not an integer: {raw!r}")
+            value = int(raw)
+        elif knob.type == "float":
+            value = float(raw)
+        elif knob.type == "bool":
+            value = raw if isinstance(raw, bool) else parse_bool(str(raw))
+        elif knob.type == "bytes":
+            value = raw if isinstance(raw, int) else parse_bytes(str(raw))
+        else:
+            value = None if raw is None else str(raw)
+    except ValueError as exc:
+        raise InvalidParameter(f"{source}: {exc}", param=knob.name) from None
+    if knob.lo is not None and value is not None and not knob.lo <= value <= knob.hi:
+        raise InvalidParameter(
+            f"{source}: {value} is outside [{knob.lo}, {knob.hi}]", param=knob.name
+        )
+    if knob.choices and value not in knob.choices:
+        raise InvalidParameter(f"{source}: {value!r} is not one of {knob.choices}", param=knob.name)
+    return value
+
+
+def resolve(
+    cli: dict | None = None, env: dict | None = None, **overrides
+) -> tuple[EngineConfig, dict[str, str]]:
+    """Merge defaults < environment < CLI < keyword overrides; return config and sources."""
+    unknown = set(overrides) - set(KNOBS_BY_NAME)
+    if unknown:
+        raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+    env = os.environ if env is None else env
+    values, sources = {}, {}
+    for knob in KNOBS:
+        value, source = knob.default, "default"
+        if knob.env in env:
+            value, source = _convert(knob, env[knob.env], knob.env), "env"
+        if cli and cli.get(knob.name) is not None:
+            value, source = _convert(knob, cli[knob.name], knob.flag), "cli"
+        if overrides.get(knob.name) is not None:
+            value, source = _convert(knob, overrides[knob.name], knob.name), "argument"
+        values[knob.name], sources[knob.name] = value, source
+    return EngineConfig(**values), sources
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    for knob in KNOBS:
+        parser.add_argument(
+            knob.flag, dest=knob.name, default=None, help=f"{knob.help} [{knob.env}]"
+        )

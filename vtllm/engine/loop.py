@@ -1,0 +1,183 @@
+"""The step loop: plan N+1, launch, collect N, update, deliver to per-request collectors.
+
+The loop never awaits a client: it hands each request's output to a Collector, which merges
+updates while its reader lags (one pending slot, never an unbounded queue). Scheduler calls
+run only on the event-loop thread, so no locks. Hot path: keep it lean, put features in helpers.
+"""
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.to_thread
+
+from vtllm.engine.text import TextStream
+from vtllm.scheduler.output import ERROR, STOP, Delta
+from vtllm.scheduler.plan import TokenLogprobs
+from vtllm.scheduler.request import Request
+
+
+@dataclass(slots=True)
+class Update:
+    """What a reader receives: everything new since its last read."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_output_tokens: int = 0
+
+    def merge(self, later: "Update") -> None:
+        self.text += later.text
+        self.token_ids += later.token_ids
+        self.logprobs += later.logprobs
+        self.prompt_logprobs += later.prompt_logprobs
+        self.finished = later.finished
+        self.finish_reason = later.finish_reason
+        self.stop_reason = later.stop_reason
+        self.num_prompt_tokens = later.num_prompt_tokens or self.num_prompt_tokens
+        self.num_cached_tokens = later.num_cached_tokens or self.num_cached_tokens
+        self.num_output_tokens = later.num_output_tokens
+
+
+class Collector:
+    """One request's mailbox with a single slot that merges while the reader is away."""
+
+    def __init__(self):
+        self._pending: Update | None = None
+        self._ready = anyio.Event()
+
+    def put(self, update: Update) -> None:
+        if self._pending is None:
+            self._pending = update
+        else:
+            self._pending.merge(update)
+        self._ready.set()
+
+    async def get(self) -> Update:
+        await self._ready.wait()
+        update, self._pending = self._pending, None
+        self._ready = anyio.Event()
+        return update
+
+
+@dataclass(slots=True)
+class Tracked:
+    request: Request
+    collector: Collector
+    text: TextStream
+
+
+class StepLoop:
+    def __init__(self, scheduler, backend, tokenizer, *, async_depth: int):
+        self.scheduler = scheduler
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.depth = async_depth
+        self.tracked: dict[str, Tracked] = {}
+        self._ids = itertools.count()
+        self._wake = anyio.Event()
+        self.stopping = False
+        self.num_steps = 0
+
+    def new_request_id(self) -> str:
+        return f"req-{next(self._ids)}"
+
+    # -- called by request handlers (same thread) -------------------------------------------
+    def add(self, request: Request) -> Collector:
+        """Queue a request; raises a user error (nothing kept) if it can never run."""
+        self.scheduler.add_request(request)
+        collector = Collector()
+        text = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling)
+        self.tracked[request.request_id] = Tracked(request, collector, text)
+        self._wake.set()
+        return collector
+
+    def abort(self, request_id: str) -> None:
+        delta = self.scheduler.abort_request(request_id)
+        if delta is not None:
+            self._deliver([delta])
+        self._wake.set()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._wake.set()
+
+    # -- the loop ----------------------------------------------------------------------------
+    async def run(self, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Steps until stop() is called and no work is left."""
+        task_status.started()
+        scheduler, backend = self.scheduler, self.backend
+        in_flight: deque = deque()
+        try:
+            while True:
+                if len(in_flight) < self.depth and scheduler.requests:
+                    plan = scheduler.schedule()
+                    if plan is not None:
+                        in_flight.append(backend.launch(plan))
+                        self.num_steps += 1
+                        if len(in_flight) < self.depth:
+                            continue
+                if in_flight:
+                    step = in_flight.popleft()
+                    result = await anyio.to_thread.run_sync(backend.collect, step)
+                    self._deliver(scheduler.update(result))
+                    continue
+                if self.stopping and not scheduler.has_work():
+                    return
+                await self._wake.wait()
+                self._wake = anyio.Event()
+        except BaseException:
+            self._fail_all("the engine stopped while serving this request")
+            raise
+
+    def _fail_all(self, message: str) -> None:
+        for request_id in list(self.tracked):
+            delta = self.scheduler.finish_request(request_id, ERROR, message)
+            if delta is not None:
+                self._deliver([delta])
+
+    def _deliver(self, deltas: list[Delta]) -> None:
+        for delta in deltas:
+            tracked = self.tracked.get(delta.request_id)
+            if tracked is None:
+                continue
+            ids = delta.new_token_ids
+            # A stop or eos token counts as output but is not rendered as text.
+            visible = (
+                ids[:-1]
+                if delta.finish_reason == STOP
+                and ids
+                and isinstance(delta.stop_reason, int | None)
+                and ids[-1] in tracked.request.stop_ids
+                else ids
+            )
+            text = tracked.text.push(visible, final=delta.finished)
+            update = Update(
+                text=text,
+                token_ids=list(ids),
+                logprobs=list(delta.logprobs or ()),
+                prompt_logprobs=list(delta.prompt_logprobs or ()),
+                finished=delta.finished,
+                finish_reason=delta.finish_reason,
+                stop_reason=delta.stop_reason,
+                num_prompt_tokens=delta.num_prompt_tokens,
+                num_cached_tokens=delta.num_cached_tokens,
+                num_output_tokens=delta.num_output_tokens,
+            )
+            stop = tracked.text.stopped_by
+            if stop is not None and not delta.finished:
+                final = self.scheduler.finish_request(delta.request_id, STOP, stop)
+                update.finished, update.finish_reason, update.stop_reason = True, STOP, stop
+                if final is not None:
+                    update.num_output_tokens = final.num_output_tokens
+                    update.text += tracked.text.push([], final=True)
+            if update.finished:
+                del self.tracked[delta.request_id]
+            tracked.collector.put(update)

@@ -1,0 +1,36 @@
+"""Backends run steps off the event loop: launch(plan) -> InFlightStep, collect(step) -> result.
+
+The CPU backend's "device" is one worker thread: steps run in launch order, so step N+1's
+input gather sees the tokens step N's sampler wrote into the mirror. numba kernels release
+the GIL (nogil=True), so the event loop keeps running while a step computes.
+"""
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from vtllm.executor.runner import ModelRunner
+from vtllm.scheduler.plan import StepPlan, StepResult
+
+
+@dataclass(slots=True)
+class InFlightStep:
+    step_id: int
+    future: Future
+    launched_at: float
+
+
+class CpuBackend:
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vtllm-step")
+
+    def launch(self, plan: StepPlan) -> InFlightStep:
+        future = self._worker.submit(self.runner.execute, plan)
+        return InFlightStep(plan.step_id, future, time.perf_counter())
+
+    def collect(self, step: InFlightStep) -> StepResult:
+        return step.future.result()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=True)

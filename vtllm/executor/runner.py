@@ -1,0 +1,208 @@
+"""Executes one StepPlan on the model: per-slot state, the token mirror, forward, sampling.
+
+The runner's arrays are the "device" side of the token mirror: `token_ids[slot, pos]` holds
+prompts and sampled tokens, and each step gathers its input ids from it, so a plan can name
+a token the host has not seen yet (depth 2). Hot path: keep it lean, put features in helpers.
+"""
+
+import numpy as np
+
+from vtllm.models.llama import ForwardBatch, KVCache, LlamaModel
+from vtllm.models.loader import LoadedModel
+from vtllm.scheduler.plan import SampledToken, StepPlan, StepResult, TokenLogprobs
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        ops,
+        kv: KVCache,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+    ):
+        self.ops = ops
+        self.config = loaded.config
+        self.model = LlamaModel(loaded.config, loaded.weights, ops, max_model_len + 1)
+        self.kv = kv
+        self.block_size = kv.block_size
+        self.max_model_len = max_model_len
+        max_blocks = -(-(max_model_len + 1) // self.block_size)
+        self.token_ids = np.zeros((max_num_seqs, max_model_len + 1), np.int32)  # the mirror
+        self.num_tokens = np.zeros(max_num_seqs, np.int32)
+        self.prompt_lens = np.zeros(max_num_seqs, np.int32)
+        self.num_prompt_logprobs = np.zeros(max_num_seqs, np.int32)
+        self.block_tables = np.zeros((max_num_seqs, max_blocks), np.int32)
+        self.num_slot_blocks = np.zeros(max_num_seqs, np.int32)
+        self.sampling = ops.SamplingTable.create(max_num_seqs)
+
+    # -- per-slot state -------------------------------------------------------------------
+    def _apply(self, plan: StepPlan) -> None:
+        for slot in plan.freed_slots:
+            self.num_tokens[slot] = 0
+            self.num_slot_blocks[slot] = 0
+            self.sampling.clear_slot(slot)
+        eos = self.config.eos_token_ids
+        for seat in plan.seated:
+            slot, n = seat.slot, len(seat.token_ids)
+            self.token_ids[slot, :n] = seat.token_ids
+            self.num_tokens[slot] = n
+            self.prompt_lens[slot] = seat.prompt_len
+            self.num_prompt_logprobs[slot] = seat.sampling.prompt_logprobs or 0
+            self.block_tables[slot, : len(seat.block_ids)] = seat.block_ids
+            self.num_slot_blocks[slot] = len(seat.block_ids)
+            sp = seat.sampling
+            stops = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos))
+            self.sampling.set_slot(
+                slot,
+                temperature=sp.temperature,
+                top_k=sp.top_k,
+                top_p=sp.top_p,
+                min_p=sp.min_p,
+                seed=seat.seed,
+                presence_penalty=sp.presence_penalty,
+                frequency_penalty=sp.frequency_penalty,
+                repetition_penalty=sp.repetition_penalty,
+                min_tokens=sp.min_tokens,
+                num_logprobs=-1 if sp.logprobs is None else sp.logprobs,
+                prompt_len=seat.prompt_len,
+                logit_bias=sp.logit_bias,
+                min_stop_ids=stops,
+            )
+        for chunk in plan.chunks:
+            if chunk.new_block_ids:
+                start = self.num_slot_blocks[chunk.slot]
+                end = start + len(chunk.new_block_ids)
+                self.block_tables[chunk.slot, start:end] = chunk.new_block_ids
+                self.num_slot_blocks[chunk.slot] = end
+
+    def _batch(self, plan: StepPlan) -> tuple[ForwardBatch, list[int], list[int]]:
+        chunks = plan.chunks
+        counts = np.fromiter((c.num_tokens for c in chunks), np.int32, len(chunks))
+        starts = np.fromiter((c.start for c in chunks), np.int32, len(chunks))
+        slots = np.fromiter((c.slot for c in chunks), np.int32, len(chunks))
+        qsl = np.zeros(len(chunks) + 1, np.int32)
+        np.cumsum(counts, out=qsl[1:])
+        total = int(qsl[-1])
+        # Per token: its sequence, and its position = chunk start + offset inside the chunk.
+        seq_of = np.repeat(np.arange(len(chunks), dtype=np.int32), counts)
+        positions = (np.arange(total, dtype=np.int32) - qsl[seq_of] + starts[seq_of]).astype(
+            np.int32
+        )
+        token_slots = slots[seq_of]
+        input_ids = self.token_ids[token_slots, positions]
+        block_ids = self.block_tables[token_slots, positions // self.block_size]
+        slot_mapping = (block_ids * self.block_size + positions % self.block_size).astype(np.int32)
+        logits_rows, sample_rows = [], []
+        for i, c in enumerate(chunks):
+            if c.prompt_logprobs:
+                logits_rows.extend(range(qsl[i], qsl[i + 1]))
+            elif c.sample:
+                logits_rows.append(qsl[i + 1] - 1)
+            if c.sample:
+                sample_rows.append(len(logits_rows) - 1)
+        batch = ForwardBatch(
+            input_ids=np.ascontiguousarray(input_ids, np.int32),
+            positions=positions,
+            slot_mapping=slot_mapping,
+            query_start_loc=qsl,
+            seq_lens=(starts + counts).astype(np.int32),
+            block_tables=np.ascontiguousarray(self.block_tables[slots]),
+            logits_rows=np.asarray(logits_rows, np.int32),
+        )
+        return batch, sample_rows, logits_rows
+
+    # -- one step ----------------------------------------------------------------------------
+    def compute_logits(self, plan: StepPlan):
+        """Applies the plan and runs the model: logits of the sampled rows, or of every row of
+        chunks that asked for prompt logprobs. Returns (logits, batch, sample_rows, logits_rows)."""
+        self._apply(plan)
+        batch, sample_rows, logits_rows = self._batch(plan)
+        return self.model.forward(batch, self.kv), batch, sample_rows, logits_rows
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        if not plan.chunks:
+            self._apply(plan)
+            return StepResult(plan.step_id, [])
+        logits, batch, sample_rows, logits_rows = self.compute_logits(plan)
+        sampled = self._sample(plan, logits, sample_rows)
+        prompt_lps = self._prompt_logprobs(plan, logits, batch, logits_rows)
+        return StepResult(plan.step_id, sampled, prompt_lps)
+
+    def _sample(self, plan: StepPlan, logits: np.ndarray, sample_rows: list[int]):
+        chunks = [c for c in plan.chunks if c.sample]
+        if not chunks:
+            return []
+        n = len(chunks)
+        slots = np.fromiter((c.slot for c in chunks), np.int32, n)
+        positions = np.fromiter((c.start + c.num_tokens for c in chunks), np.int32, n)
+        rows = (
+            np.ascontiguousarray(logits[sample_rows]) if len(sample_rows) != len(logits) else logits
+        )
+        tokens = np.empty(n, np.int32)
+        want = self.sampling.num_logprobs[slots] >= 0
+        lp = self.ops.LogprobsOut.create(n) if want.any() else None
+        self.ops.sample(
+            rows,
+            slots,
+            positions,
+            self.sampling,
+            self.token_ids,
+            self.num_tokens,
+            tokens,
+            out_logprobs=lp,
+        )
+        out = []
+        for i, c in enumerate(chunks):
+            info = None
+            if want[i]:
+                k = int(self.sampling.num_logprobs[c.slot])
+                info = TokenLogprobs(
+                    int(tokens[i]),
+                    float(lp.logprob[i]),
+                    int(lp.rank[i]),
+                    lp.top_ids[i, :k].tolist(),
+                    lp.top_logprobs[i, :k].tolist(),
+                )
+            out.append(SampledToken(c.slot, int(tokens[i]), info))
+        return out
+
+    def _prompt_logprobs(self, plan, logits, batch, logits_rows) -> dict:
+        result = {}
+        row = 0
+        for c in plan.chunks:
+            if not c.prompt_logprobs:
+                row += 1 if c.sample else 0
+                continue
+            prompt_len = int(self.prompt_lens[c.slot])
+            # Logits at position p score the prompt token at p + 1.
+            last = min(c.start + c.num_tokens, prompt_len - 1)
+            n = max(0, last - c.start)
+            k = int(self.num_prompt_logprobs[c.slot])
+            entries = []
+            if n:
+                next_ids = np.ascontiguousarray(self.token_ids[c.slot, c.start + 1 : last + 1])
+                lp = self.ops.LogprobsOut.create(n)
+                self.ops.prompt_logprobs(
+                    np.ascontiguousarray(logits[row : row + n]),
+                    next_ids,
+                    k,
+                    lp.logprob,
+                    lp.rank,
+                    lp.top_ids,
+                    lp.top_logprobs,
+                )
+                entries = [
+                    TokenLogprobs(
+                        int(next_ids[j]),
+                        float(lp.logprob[j]),
+                        int(lp.rank[j]),
+                        lp.top_ids[j, :k].tolist(),
+                        lp.top_logprobs[j, :k].tolist(),
+                    )
+                    for j in range(n)
+                ]
+            result[c.slot] = entries
+            row += c.num_tokens
+        return result

@@ -1,0 +1,133 @@
+"""The offline API, shaped like vLLM's: LLM(model).generate(prompts, SamplingParams)."""
+
+import anyio
+
+from vtllm.config import resolve
+from vtllm.engine.build import build_parts
+from vtllm.engine.loop import StepLoop, Update
+from vtllm.errors import InvalidParameter
+from vtllm.models.chat_template import render_chat
+from vtllm.outputs import CompletionOutput, RequestOutput
+from vtllm.scheduler.request import Request
+from vtllm.scheduler.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        async_depth: int | None = None,
+        enable_prefix_caching: bool | None = None,
+        cli: dict | None = None,
+        **knobs,
+    ):
+        self.config, _ = resolve(
+            cli,
+            model=model,
+            async_depth=async_depth,
+            enable_prefix_caching=enable_prefix_caching,
+            **knobs,
+        )
+        self.loaded, self.scheduler, self.backend, self.max_model_len = build_parts(self.config)
+        self.tokenizer = self.loaded.tokenizer
+        self.loop = StepLoop(
+            self.scheduler, self.backend, self.tokenizer, async_depth=self.config.async_depth
+        )
+
+    def warm_up(self) -> None:
+        """Compiles (or loads from cache) every kernel on a short generation."""
+        self.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+        self.generate([1, 2], SamplingParams(max_tokens=2, top_p=0.9, logprobs=2, seed=0))
+
+    # -- prompts -----------------------------------------------------------------------------
+    def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        tok = self.tokenizer
+        return render_chat(
+            tok.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=tok.special_token(tok.bos_token_id),
+            eos_token=tok.special_token(tok.eos_token_ids[0] if tok.eos_token_ids else None),
+        )
+
+    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, list | tuple) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            vocab = self.loaded.config.vocab_size
+            if any(t < 0 or t >= vocab for t in prompt):
+                raise InvalidParameter(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            return None, list(prompt)
+        raise InvalidParameter("a prompt is a string or a list of token ids", param="prompt")
+
+    # -- generation --------------------------------------------------------------------------
+    def generate(self, prompts, sampling_params: SamplingParams | None = None, *, on_update=None):
+        """Runs every prompt to completion; `on_update(index, Update)` sees outputs stream in."""
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        )
+        prompts = [prompts] if single else list(prompts)
+        params = sampling_params or SamplingParams()
+        params.check_vocab(self.loaded.config.vocab_size)
+        encoded = [self._prompt_ids(p) for p in prompts]
+        return anyio.run(self._generate_all, encoded, params, on_update)
+
+    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, **kw):
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        texts = [self.render_chat(m) for m in conversations]
+        return self.generate(texts, sampling_params, **kw)
+
+    async def _generate_all(self, encoded, params: SamplingParams, on_update):
+        outputs: list[RequestOutput | None] = [None] * len(encoded)
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.loop.run)
+            async with anyio.create_task_group() as requests:
+                for i, (text, ids) in enumerate(encoded):
+                    # Each request is added before the next, so failures leave nothing behind.
+                    collectors = self._add(ids, params)
+                    requests.start_soon(self._collect, i, text, ids, collectors, outputs, on_update)
+            self.loop.stop()
+        self.loop.stopping = False
+        return outputs
+
+    def _add(self, ids: list[int], params: SamplingParams):
+        collectors = []
+        for child in range(params.n):
+            seed = None if params.seed is None else params.seed + child
+            request = Request(self.loop.new_request_id(), list(ids), params, seed=seed)
+            collectors.append((request.request_id, self.loop.add(request)))
+        return collectors
+
+    async def _collect(self, index, text, ids, collectors, outputs, on_update):
+        completions = []
+        request_id, cached = collectors[0][0], 0
+        for child, (_, collector) in enumerate(collectors):
+            total = Update()
+            while not total.finished:
+                update = await collector.get()
+                if on_update is not None:
+                    on_update(index, update)
+                total.merge(update)
+            cached = max(cached, total.num_cached_tokens)
+            completions.append(
+                CompletionOutput(
+                    index=child,
+                    text=total.text,
+                    token_ids=total.token_ids,
+                    finish_reason=total.finish_reason,
+                    stop_reason=total.stop_reason,
+                    logprobs=total.logprobs or None,
+                )
+            )
+        outputs[index] = RequestOutput(
+            request_id=request_id,
+            prompt=text,
+            prompt_token_ids=ids,
+            outputs=completions,
+            finished=True,
+            num_cached_tokens=cached,
+            prompt_logprobs=total.prompt_logprobs or None,
+        )

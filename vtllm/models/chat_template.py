@@ -1,0 +1,55 @@
+"""Chat templates rendered in a jinja2 sandbox, with the helpers HF templates expect."""
+
+from datetime import datetime
+from functools import lru_cache
+
+from vtllm.errors import InvalidParameter
+
+# Used when a model ships no template: ChatML, which many instruct models understand.
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class TemplateError(InvalidParameter):
+    pass
+
+
+def _raise_exception(message):
+    raise TemplateError(f"chat template: {message}", param="messages")
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def render_chat(
+    template: str | None,
+    messages: list[dict],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> str:
+    from jinja2 import TemplateError as JinjaError
+    from jinja2.exceptions import SecurityError
+
+    try:
+        return _compile(template or CHATML).render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+    except TemplateError:
+        raise
+    except (JinjaError, SecurityError, TypeError, ValueError) as exc:
+        raise TemplateError(f"chat template failed to render: {exc}", param="messages") from None

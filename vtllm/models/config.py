@@ -1,0 +1,31 @@
+"""Model hyper-parameters, read from GGUF metadata or an HF config.json."""
+
+import msgspec
+
+
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
+    architecture: str  # registry name: llama, mistral, qwen2, qwen3
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None = None  # HF-style: {"rope_type": "llama3"|"linear", ...}
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim

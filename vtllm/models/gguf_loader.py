@@ -1,0 +1,175 @@
+"""GGUF checkpoints: config from metadata, tensors memory-mapped and kept in their stored type."""
+
+from pathlib import Path
+
+import numpy as np
+
+from vtllm.errors import ModelLoadError, UnsupportedModel
+from vtllm.kernels import QType
+from vtllm.models.config import ModelConfig
+from vtllm.models.registry import Family, family
+from vtllm.models.weights import (
+    LayerWeights,
+    ModelWeights,
+    Weight,
+    concat_rows,
+    weight_from_array,
+)
+
+_SUPPORTED_QTYPES = {qt.value: qt for qt in QType}
+
+
+def open_gguf(path: Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except FileNotFoundError:
+        raise ModelLoadError(f"model file not found: {path}") from None
+    except Exception as exc:  # the gguf package raises bare ValueError/struct errors
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from None
+
+
+def field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def read_config(reader, path: Path) -> tuple[ModelConfig, Family]:
+    arch = field(reader, "general.architecture")
+    if arch is None:
+        raise ModelLoadError(f"{path}: GGUF metadata has no general.architecture")
+    fam = family(arch)
+
+    def need(key: str):
+        value = field(reader, f"{arch}.{key}")
+        if value is None:
+            raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.{key}")
+        return value
+
+    hidden = int(need("embedding_length"))
+    num_heads = int(need("attention.head_count"))
+    names = {t.name for t in reader.tensors}
+    vocab = field(reader, f"{arch}.vocab_size")
+    if vocab is None:
+        vocab = len(field(reader, "tokenizer.ggml.tokens", []))
+    scaling = None
+    scaling_type = field(reader, f"{arch}.rope.scaling.type")
+    if scaling_type == "linear":
+        scaling = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    elif scaling_type not in (None, "none"):
+        raise UnsupportedModel(f"{path}: rope scaling {scaling_type!r} is not supported")
+    eos = field(reader, "tokenizer.ggml.eos_token_id")
+    config = ModelConfig(
+        architecture=fam.name,
+        hidden_size=hidden,
+        num_layers=int(need("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", num_heads)),
+        head_dim=int(field(reader, f"{arch}.attention.key_length", hidden // num_heads)),
+        intermediate_size=int(need("feed_forward_length")),
+        vocab_size=int(vocab),
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        max_position_embeddings=int(field(reader, f"{arch}.context_length", 4096)),
+        tie_word_embeddings="output.weight" not in names,
+        qkv_bias=fam.qkv_bias,
+        qk_norm=fam.qk_norm,
+        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (int(eos),),
+    )
+    return config, fam
+
+
+def _unpermute_rows(w: Weight, num_heads: int) -> Weight:
+    """Undo llama.cpp's Q/K row permutation so rotary runs in HF's rotate-half layout.
+
+    The converter grouped each head's rows as (pair, 2); HF order is (2, pair). Rows are
+    whole quantized blocks, so reordering them needs no dequantization.
+    """
+    rows = w.shape[0]
+    head_dim = rows // num_heads
+    order = np.arange(rows).reshape(num_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(-1)
+    return Weight(np.ascontiguousarray(w.data[order]), w.qtype, w.shape)
+
+
+def _unpermute_vector(v: np.ndarray, num_heads: int) -> np.ndarray:
+    head_dim = v.shape[0] // num_heads
+    order = np.arange(v.shape[0]).reshape(num_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(-1)
+    return np.ascontiguousarray(v[order])
+
+
+def fuse(weights: list[Weight]) -> list[Weight]:
+    """One matrix when the storage types agree (one kernel launch), else kept apart."""
+    if len({w.qtype for w in weights}) == 1:
+        return [concat_rows(weights)]
+    return weights
+
+
+def load_weights(reader, config: ModelConfig, fam: Family, path: Path) -> ModelWeights:
+    tensors = {t.name: t for t in reader.tensors}
+
+    def matrix(name: str) -> Weight:
+        t = tensors.get(name)
+        if t is None:
+            raise ModelLoadError(f"{path}: tensor {name} is missing")
+        qtype = _SUPPORTED_QTYPES.get(int(t.tensor_type))
+        if qtype is None:
+            raise UnsupportedModel(
+                f"{path}: tensor {name} has quantization type {t.tensor_type.name}, which has "
+                f"no kernel here (supported: {', '.join(q.name for q in QType)})"
+            )
+        cols, rows = (int(d) for d in t.shape)  # GGUF lists the fastest dimension first
+        data = t.data if qtype != QType.BF16 else t.data.view(np.uint16)
+        return weight_from_array(data, qtype, (rows, cols))
+
+    def vector(name: str) -> np.ndarray:
+        t = tensors.get(name)
+        if t is None:
+            raise ModelLoadError(f"{path}: tensor {name} is missing")
+        return np.ascontiguousarray(t.data, dtype=np.float32).reshape(-1)
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        q, k, v = (
+            matrix(p + "attn_q.weight"),
+            matrix(p + "attn_k.weight"),
+            matrix(p + "attn_v.weight"),
+        )
+        if fam.gguf_qk_permuted:
+            q = _unpermute_rows(q, config.num_heads)
+            k = _unpermute_rows(k, config.num_kv_heads)
+        bias = None
+        if config.qkv_bias:
+            qb, kb = vector(p + "attn_q.bias"), vector(p + "attn_k.bias")
+            if fam.gguf_qk_permuted:
+                qb = _unpermute_vector(qb, config.num_heads)
+                kb = _unpermute_vector(kb, config.num_kv_heads)
+            bias = np.concatenate([qb, kb, vector(p + "attn_v.bias")])
+        layers.append(
+            LayerWeights(
+                attn_norm=vector(p + "attn_norm.weight"),
+                qkv=fuse([q, k, v]),
+                o=matrix(p + "attn_output.weight"),
+                ffn_norm=vector(p + "ffn_norm.weight"),
+                gate_up=fuse([matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight")]),
+                down=matrix(p + "ffn_down.weight"),
+                qkv_bias=bias,
+                q_norm=vector(p + "attn_q_norm.weight") if config.qk_norm else None,
+                k_norm=vector(p + "attn_k_norm.weight") if config.qk_norm else None,
+            )
+        )
+    embed = matrix("token_embd.weight")
+    lm_head = embed if config.tie_word_embeddings else matrix("output.weight")
+    freq_factors = vector("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
+    return ModelWeights(
+        embed=embed,
+        layers=layers,
+        final_norm=vector("output_norm.weight"),
+        lm_head=lm_head,
+        rope_freq_factors=freq_factors,
+    )

@@ -1,0 +1,148 @@
+"""HF checkpoint directories: config.json plus *.safetensors, memory-mapped without copies.
+
+The safetensors header is parsed here and each tensor becomes a numpy view into one read-only
+memory map per file, so loading costs no RAM beyond the pages the kernels touch.
+"""
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from vtllm.errors import ModelLoadError, UnsupportedModel
+from vtllm.kernels import QType
+from vtllm.models.config import ModelConfig
+from vtllm.models.registry import family_for_hf
+from vtllm.models.weights import LayerWeights, ModelWeights, Weight
+
+_DTYPES = {
+    "F32": (np.float32, QType.F32),
+    "F16": (np.float16, QType.F16),
+    "BF16": (np.uint16, QType.BF16),
+}
+
+
+def read_config(directory: Path) -> ModelConfig:
+    path = directory / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{directory}: config.json is missing") from None
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: invalid JSON ({exc})") from None
+    fam = family_for_hf(cfg.get("architectures") or [cfg.get("model_type", "?")])
+    try:
+        hidden = int(cfg["hidden_size"])
+        num_heads = int(cfg["num_attention_heads"])
+        scaling = cfg.get("rope_scaling") or None
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind not in ("llama3", "linear", "default"):
+                raise UnsupportedModel(f"{path}: rope scaling {kind!r} is not supported")
+            scaling = None if kind == "default" else {**scaling, "rope_type": kind}
+        eos = cfg.get("eos_token_id")
+        return ModelConfig(
+            architecture=fam.name,
+            hidden_size=hidden,
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+            head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rope_scaling=scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=fam.qkv_bias or bool(cfg.get("attention_bias", False)),
+            qk_norm=fam.qk_norm,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=tuple([eos] if isinstance(eos, int) else (eos or [])),
+        )
+    except KeyError as exc:
+        raise ModelLoadError(f"{path}: missing field {exc.args[0]}") from None
+
+
+def _map_file(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with path.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            if header_len > 100 << 20:
+                raise ValueError("header too large")
+            header = json.loads(f.read(header_len))
+    except (OSError, ValueError, struct.error) as exc:
+        raise ModelLoadError(f"{path}: not a readable safetensors file ({exc})") from None
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    base = 8 + header_len
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise UnsupportedModel(f"{path}: tensor {name} has dtype {info['dtype']}")
+        start, end = info["data_offsets"]
+        if base + end > raw.size:
+            raise ModelLoadError(f"{path}: tensor {name} runs past the end of the file")
+        view = raw[base + start : base + end].view(dtype[0]).reshape(info["shape"])
+        tensors[name] = view
+    return tensors
+
+
+def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{directory}: no *.safetensors files")
+    tensors: dict[str, np.ndarray] = {}
+    for path in files:
+        tensors.update(_map_file(path))
+
+    def get(name: str) -> np.ndarray:
+        try:
+            return tensors[name]
+        except KeyError:
+            raise ModelLoadError(f"{directory}: tensor {name} is missing") from None
+
+    def matrix(name: str) -> Weight:
+        data = get(name)
+        qtype = {np.float32: QType.F32, np.float16: QType.F16, np.uint16: QType.BF16}[
+            data.dtype.type
+        ]
+        return Weight(data, qtype, (int(data.shape[0]), int(data.shape[1])))
+
+    def vector(name: str) -> np.ndarray:
+        data = get(name)
+        if data.dtype == np.uint16:  # bf16 bits -> float32
+            return (data.astype(np.uint32) << 16).view(np.float32)
+        return data.astype(np.float32)
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        bias = None
+        if config.qkv_bias:
+            bias = np.concatenate([vector(a + f"{n}_proj.bias") for n in "qkv"])
+        layers.append(
+            LayerWeights(
+                attn_norm=vector(p + "input_layernorm.weight"),
+                qkv=[matrix(a + f"{n}_proj.weight") for n in "qkv"],
+                o=matrix(a + "o_proj.weight"),
+                ffn_norm=vector(p + "post_attention_layernorm.weight"),
+                gate_up=[matrix(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")],
+                down=matrix(p + "mlp.down_proj.weight"),
+                qkv_bias=bias,
+                q_norm=vector(a + "q_norm.weight") if config.qk_norm else None,
+                k_norm=vector(a + "k_norm.weight") if config.qk_norm else None,
+            )
+        )
+    embed = matrix("model.embed_tokens.weight")
+    tied = config.tie_word_embeddings or "lm_head.weight" not in tensors
+    return ModelWeights(
+        embed=embed,
+        layers=layers,
+        final_norm=vector("model.norm.weight"),
+        lm_head=embed if tied else matrix("lm_head.weight"),
+    )

@@ -1,0 +1,186 @@
+"""Synthetic checkpoints: HF-format directories with random weights at real or tiny shapes.
+
+Loadable by vtllm and by HF transformers. `peaked=True` scales the output head so that logits
+have wide margins and greedy paths agree across implementations.
+"""
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = {
+    # name: (architecture, hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, extra)
+    "tiny": ("llama", 64, 2, 4, 2, 16, 128, 512, {}),
+    "tiny-qwen3": ("qwen3", 64, 2, 4, 2, 16, 128, 512, {}),
+    "tiny-qwen2": ("qwen2", 64, 2, 4, 2, 16, 128, 512, {}),
+    "smollm2-135m": ("llama", 576, 30, 9, 3, 64, 1536, 49152, {"rope_theta": 100000.0}),
+    "qwen3-0.6b": ("qwen3", 1024, 28, 16, 8, 128, 3072, 151936, {"rope_theta": 1000000.0}),
+    "llama3-8b": (
+        "llama",
+        4096,
+        32,
+        32,
+        8,
+        128,
+        14336,
+        128256,
+        {
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        },
+    ),
+}
+_HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def hf_config(shape: str, *, max_position_embeddings: int = 4096, tie: bool = False) -> dict:
+    arch, hidden, layers, heads, kv_heads, head_dim, inter, vocab, extra = SHAPES[shape]
+    return {
+        "architectures": [_HF_CLASS[arch]],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "intermediate_size": inter,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": extra.get("rope_theta", 10000.0),
+        "rope_scaling": extra.get("rope_scaling"),
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie,
+        "hidden_act": "silu",
+        "attention_bias": arch == "qwen2",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    }
+
+
+def random_weights(config: dict, *, seed: int = 0, peaked: bool = False) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads, dim = (
+        config[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
+    )
+    vocab = config["vocab_size"]
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": rng.standard_normal((vocab, hidden)).astype(np.float32)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors[p + "input_layernorm.weight"] = norm(hidden)
+        tensors[p + "post_attention_layernorm.weight"] = norm(hidden)
+        tensors[p + "self_attn.q_proj.weight"] = mat(heads * dim, hidden)
+        tensors[p + "self_attn.k_proj.weight"] = mat(kv_heads * dim, hidden)
+        tensors[p + "self_attn.v_proj.weight"] = mat(kv_heads * dim, hidden)
+        tensors[p + "self_attn.o_proj.weight"] = mat(hidden, heads * dim)
+        if config["model_type"] == "qwen2":
+            for name, n in (("q", heads * dim), ("k", kv_heads * dim), ("v", kv_heads * dim)):
+                tensors[p + f"self_attn.{name}_proj.bias"] = (0.1 * rng.standard_normal(n)).astype(
+                    np.float32
+                )
+        if config["model_type"] == "qwen3":
+            tensors[p + "self_attn.q_norm.weight"] = norm(dim)
+            tensors[p + "self_attn.k_norm.weight"] = norm(dim)
+        tensors[p + "mlp.gate_proj.weight"] = mat(inter, hidden)
+        tensors[p + "mlp.up_proj.weight"] = mat(inter, hidden)
+        tensors[p + "mlp.down_proj.weight"] = mat(hidden, inter)
+    tensors["model.norm.weight"] = norm(hidden)
+    if not config["tie_word_embeddings"]:
+        head = mat(vocab, hidden)
+        tensors["lm_head.weight"] = head * (8.0 if peaked else 1.0)
+    return tensors
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns, rounding to nearest even."""
+    bits = x.astype(np.float32).view(np.uint32)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (rounded >> 16).astype(np.uint16)
+
+
+def save_safetensors(path: Path, tensors: dict[str, np.ndarray], *, bf16: bool = False) -> None:
+    header, offset, blobs = {}, 0, []
+    for name, array in tensors.items():
+        data = to_bf16_bits(array) if bf16 else np.ascontiguousarray(array, np.float32)
+        raw = data.tobytes()
+        header[name] = {
+            "dtype": "BF16" if bf16 else "F32",
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        blobs.append(raw)
+        offset += len(raw)
+    meta = json.dumps(header).encode()
+    meta += b" " * (-len(meta) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(meta)))
+        f.write(meta)
+        for raw in blobs:
+            f.write(raw)
+
+
+def byte_tokenizer_json(vocab_size: int) -> dict:
+    """A byte-level BPE with no merges: 3 specials, 256 bytes, then filler tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(byte_chars):
+        vocab[ch] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"<filler_{len(vocab)}>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    return json.loads(tok.to_str())
+
+
+def write_checkpoint(
+    out: Path,
+    shape: str,
+    *,
+    seed: int = 0,
+    bf16: bool = False,
+    peaked: bool = False,
+    tie: bool = False,
+    max_position_embeddings: int = 4096,
+) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = hf_config(shape, max_position_embeddings=max_position_embeddings, tie=tie)
+    config["torch_dtype"] = "bfloat16" if bf16 else "float32"
+    save_safetensors(
+        out / "model.safetensors", random_weights(config, seed=seed, peaked=peaked), bf16=bf16
+    )
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    (out / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json(config["vocab_size"])))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "model_max_length": max_position_embeddings,
+            }
+        )
+    )
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    return out

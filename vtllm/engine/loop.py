@@ -6,9 +6,9 @@ run only on the event-loop thread, so no locks. Hot path: keep it lean, put feat
 """
 
 import itertools
-from time import perf_counter
 from collections import deque
 from dataclasses import dataclass, field
+from time import perf_counter
 
 import anyio
 import anyio.to_thread

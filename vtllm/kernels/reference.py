@@ -1,0 +1,85 @@
+"""numpy float64 references for the kernels: same argument meaning as the launchers, but they
+return new arrays instead of writing into `out`. Slow and obvious on purpose."""
+
+import numpy as np
+
+from vtllm.kernels.cpu.quant import dequantize
+
+
+def linear_ref(x, w, qtype, bias=None):
+    """[M, N] = x @ W.T (+ bias), W decoded exactly (dequantize)."""
+    y = np.asarray(x, np.float64) @ dequantize(w, qtype).astype(np.float64).T
+    return y if bias is None else y + np.asarray(bias, np.float64)
+
+
+def embedding_ref(token_ids, w, qtype):
+    """[T, K] rows of W."""
+    return dequantize(w, qtype).astype(np.float64)[np.asarray(token_ids)]
+
+
+def rms_norm_ref(x, weight, eps, residual=None):
+    """out, or (out, new residual) when residual is given (v = x + residual is normalized)."""
+    v = np.asarray(x, np.float64)
+    if residual is not None:
+        v = v + residual
+    out = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * np.asarray(weight, np.float64)
+    return out if residual is None else (out, v)
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rotary_ref(q, k, positions, cos_sin):
+    """(rotated q, rotated k), NeoX / rotate_half layout; cos_sin [max_pos, D] as rope_cos_sin."""
+    cs = np.asarray(cos_sin, np.float64)[np.asarray(positions)]
+    half = cs.shape[-1] // 2
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    return _rotate(np.asarray(q, np.float64), cos, sin), _rotate(
+        np.asarray(k, np.float64), cos, sin
+    )
+
+
+def write_kv_ref(k, v, k_cache, v_cache, slot_mapping):
+    """(new k_cache, new v_cache): row t stored at slot_mapping[t] unless it is -1."""
+    k_cache, v_cache = k_cache.copy(), v_cache.copy()
+    bs = k_cache.shape[1]
+    for t, slot in enumerate(np.asarray(slot_mapping)):
+        if slot >= 0:
+            k_cache[slot // bs, slot % bs] = k[t]
+            v_cache[slot // bs, slot % bs] = v[t]
+    return k_cache, v_cache
+
+
+def paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+    """[T, Hq, D] causal softmax(q.k * scale) @ v per sequence over its paged context; rows of q
+    outside every sequence are zero."""
+    t_all, hq, d = q.shape
+    bs, hk = k_cache.shape[1], k_cache.shape[2]
+    out = np.zeros((t_all, hq, d))
+    for s in range(len(seq_lens)):
+        ctx = int(seq_lens[s])
+        q0, q1 = int(query_start_loc[s]), int(query_start_loc[s + 1])
+        slots = block_tables[s][np.arange(ctx) // bs] * bs + np.arange(ctx) % bs
+        keys = k_cache.reshape(-1, hk, d)[slots].astype(np.float64)  # [ctx, Hk, D]
+        vals = v_cache.reshape(-1, hk, d)[slots].astype(np.float64)
+        for i, t in enumerate(range(q0, q1)):
+            pos = ctx - (q1 - q0) + i
+            for h in range(hq):
+                kv = h // (hq // hk)
+                scores = keys[: pos + 1, kv] @ q[t, h].astype(np.float64) * scale
+                p = np.exp(scores - scores.max())
+                out[t, h] = p @ vals[: pos + 1, kv] / p.sum()
+    return out
+
+
+def silu_and_mul_ref(x):
+    """[T, I] silu(x[:, :I]) * x[:, I:]."""
+    x = np.asarray(x, np.float64)
+    g, u = np.split(x, 2, axis=-1)
+    return g / (1 + np.exp(-g)) * u
+
+
+# Sampling references are appended below by their owner.

@@ -36,6 +36,7 @@ class LLM:
         parts = build_parts(self.config, loaded_model)
         self.loaded, self.scheduler, self.backend, self.max_model_len = parts
         self.tokenizer = self.loaded.tokenizer
+        self.threads = self.backend.threads
         self.loop = StepLoop(
             self.scheduler, self.backend, self.tokenizer, async_depth=self.config.async_depth
         )

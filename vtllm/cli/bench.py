@@ -22,6 +22,13 @@ def _random_prompt(vocab: int, n: int, seed: int) -> list[int]:
 
 
 def _peak_rss_mib() -> float:
+    try:  # VmHWM: the peak of this process image (ru_maxrss survives exec)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -67,12 +74,10 @@ def bench_latency(llm, prompt_len: int, decode_len: int, repeats: int) -> dict:
         params = SamplingParams(temperature=0.0, max_tokens=decode_len + 1, ignore_eos=True)
         llm.generate(ids, params, on_update=stamp)
         decode.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
-    import numba
-
     return {
         "engine": "vtllm",
         "model": str(llm.loaded.path),
-        "threads": numba.get_num_threads(),
+        "threads": llm.threads,
         "async_depth": llm.config.async_depth,
         "prompt_len": prompt_len,
         "decode_len": decode_len,
@@ -84,15 +89,13 @@ def bench_latency(llm, prompt_len: int, decode_len: int, repeats: int) -> dict:
 
 
 def run_peer(python: str, llm, args) -> dict:
-    import numba
-
     cmd = [
         python,
         str(PEER_SCRIPT),
         "--model",
         str(llm.loaded.path),
         "--threads",
-        str(numba.get_num_threads()),
+        str(llm.threads),
         "--prompt-len",
         str(args.prompt_len),
         "--decode-len",

@@ -29,7 +29,7 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
     from vtllm.kernels import cpu as ops
 
     started = time.perf_counter()
-    set_cpu_threads(config.cpu_threads)
+    threads = set_cpu_threads(config.cpu_threads)
     loaded = loaded or load_model(config.model)
     mc = loaded.config
     max_model_len = min(config.max_model_len, mc.max_position_embeddings)
@@ -61,4 +61,4 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
         loaded.weights.nbytes / (1 << 20),
         time.perf_counter() - started,
     )
-    return loaded, scheduler, CpuBackend(runner), max_model_len
+    return loaded, scheduler, CpuBackend(runner, threads=threads), max_model_len

@@ -21,9 +21,18 @@ class InFlightStep:
 
 
 class CpuBackend:
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, *, threads: int):
+        import numba
+
         self.runner = runner
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vtllm-step")
+        self.threads = threads
+        # numba's thread count is per calling thread, so the worker sets its own.
+        self._worker = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="vtllm-step",
+            initializer=numba.set_num_threads,
+            initargs=(threads,),
+        )
 
     def launch(self, plan: StepPlan) -> InFlightStep:
         future = self._worker.submit(self.runner.execute, plan)

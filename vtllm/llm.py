@@ -146,5 +146,6 @@ class LLM:
             outputs=completions,
             finished=True,
             num_cached_tokens=cached,
-            prompt_logprobs=total.prompt_logprobs or None,
+            # vLLM's shape: the first prompt token has no logprob
+            prompt_logprobs=[None, *total.prompt_logprobs] if total.prompt_logprobs else None,
         )

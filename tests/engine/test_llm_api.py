@@ -83,3 +83,22 @@ def test_logprobs_and_stop_token(llm):
     first = out.token_ids.index(stop_at)
     assert stopped.token_ids == out.token_ids[: first + 1]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_at
+
+
+def test_prompt_logprobs_cover_the_prompt_whatever_the_chunking(llm, tmp_path):
+    prompt = list(range(5, 45))
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2)
+    whole = llm.generate(prompt, params)[0].prompt_logprobs
+    path = write_checkpoint(tmp_path, "tiny", seed=5)
+    chunked_llm = LLM(
+        str(path),
+        max_model_len=64,
+        kv_cache_memory=1 << 20,
+        block_size=4,
+        max_num_batched_tokens=16,
+    )
+    chunked = chunked_llm.generate(prompt, params)[0].prompt_logprobs
+    assert whole[0] is None and len(whole) == len(prompt)
+    assert [p.token_id for p in whole[1:]] == prompt[1:]
+    assert all(p.logprob <= 0 and p.rank >= 1 and len(p.top_ids) == 2 for p in whole[1:])
+    assert whole == chunked

@@ -29,6 +29,8 @@ def bench_throughput(llm: LLM, num_prompts, input_len, output_len, concurrency) 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(100, vocab, input_len).tolist() for _ in range(num_prompts)]
     report = {"num_prompts": num_prompts, "input_len": input_len, "output_len": output_len}
+    # One step worker at a time: an idle worker's OpenMP team still costs the busy one time.
+    llm.backend.close()
     for seats in concurrency:
         row = {}
         for depth in (1, 2):

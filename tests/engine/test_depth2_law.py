@@ -56,6 +56,8 @@ def _workload(vocab: int, seed: int):
             params["min_tokens"] = min(params["max_tokens"], 4)
         if rng.random() < 0.2:
             params["logprobs"] = 3
+        if rng.random() < 0.2:  # byte-level vocabulary: single letters do occur
+            params["stop"] = rng.sample(["e", "t", "a", "o", "xy"], 2)
         abort_after = rng.randint(1, 6) if rng.random() < 0.15 else None
         work.append((f"r{i}", prompt, SamplingParams(**params), abort_after))
     return work
@@ -65,17 +67,18 @@ async def _serve(loop: StepLoop, work):
     results = {}
 
     async def consume(request_id, collector, abort_after):
-        tokens, logprobs, reason = [], [], None
+        tokens, logprobs, reason, stop_reason, text = [], [], None, None, ""
         while True:
             update = await collector.get()
             tokens += update.token_ids
             logprobs += [(lp.token_id, round(lp.logprob, 4)) for lp in update.logprobs]
+            text += update.text
             if abort_after is not None and len(tokens) >= abort_after and not update.finished:
                 loop.abort(request_id)
             if update.finished:
-                reason = update.finish_reason
+                reason, stop_reason = update.finish_reason, update.stop_reason
                 break
-        results[request_id] = (tokens, logprobs, reason)
+        results[request_id] = (tokens, logprobs, reason, stop_reason, text)
 
     async with anyio.create_task_group() as tg:
         await tg.start(loop.run)
@@ -108,14 +111,35 @@ def _run(tiny, work, depth: int, caching: bool):
     return results, scheduler.num_preemptions, scheduler.pool.num_hit_tokens
 
 
-@pytest.mark.parametrize("caching", [True, False])
-def test_depth2_equals_depth1(tiny, caching):
+@pytest.fixture(scope="module")
+def workload(tiny):
     work = _workload(tiny.config.vocab_size, seed=11)
-    sync, preempt1, _ = _run(tiny, work, 1, caching)
-    overlapped, preempt2, hits = _run(tiny, work, 2, caching)
+    assert any(params.stop for _, _, params, _ in work)
+    return work
+
+
+@pytest.fixture(scope="module")
+def sync_runs(tiny, workload):
+    return {caching: _run(tiny, workload, 1, caching) for caching in (True, False)}
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_depth2_equals_depth1(tiny, workload, sync_runs, caching):
+    sync, preempt1, _ = sync_runs[caching]
+    overlapped, preempt2, hits = _run(tiny, workload, 2, caching)
     assert preempt1 + preempt2 > 0, "the KV budget should force preemptions"
     if caching:
         assert hits > 0
+    _assert_same(workload, sync, overlapped)
+    stopped_by_string = [r for r in sync.values() if isinstance(r[3], str)]
+    assert stopped_by_string
+
+
+def test_prefix_caching_changes_no_output(workload, sync_runs):
+    _assert_same(workload, sync_runs[True][0], sync_runs[False][0])
+
+
+def _assert_same(work, sync, overlapped):
     for request_id, _prompt, _params, abort_after in work:
         a, b = sync[request_id], overlapped[request_id]
         if abort_after is None:

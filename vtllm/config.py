@@ -73,6 +73,14 @@ KNOBS = (
     Knob("block_size", "int", 16, "tokens per KV cache block", 1, 1024),
     Knob("enable_prefix_caching", "bool", True, "reuse KV blocks of shared prompt prefixes"),
     Knob("async_depth", "int", 2, "steps in flight: 1 synchronous, 2 overlapped", 1, 2),
+    Knob(
+        "shadow_check_rate",
+        "float",
+        0.0,
+        "share of steps replayed synchronously to check depth 2",
+        0.0,
+        1.0,
+    ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
     Knob(
         "log_level", "str", "info", "log verbosity", choices=("debug", "info", "warning", "error")
@@ -92,6 +100,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     block_size: int = 16
     enable_prefix_caching: bool = True
     async_depth: int = 2
+    shadow_check_rate: float = 0.0
     cpu_threads: int = 0
     log_level: str = "info"
 

@@ -38,7 +38,11 @@ class LLM:
         self.tokenizer = self.loaded.tokenizer
         self.threads = self.backend.threads
         self.loop = StepLoop(
-            self.scheduler, self.backend, self.tokenizer, async_depth=self.config.async_depth
+            self.scheduler,
+            self.backend,
+            self.tokenizer,
+            async_depth=self.config.async_depth,
+            shadow_rate=self.config.shadow_check_rate,
         )
 
     def warm_up(self) -> None:

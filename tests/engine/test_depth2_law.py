@@ -90,7 +90,7 @@ async def _serve(loop: StepLoop, work):
     return results
 
 
-def _run(tiny, work, depth: int, caching: bool):
+def _run(tiny, work, depth: int, caching: bool, shadow_rate: float = 0.0):
     config, _ = resolve(
         async_depth=depth,
         enable_prefix_caching=caching,
@@ -103,8 +103,10 @@ def _run(tiny, work, depth: int, caching: bool):
         max_model_len=128,
     )
     _, scheduler, backend, _ = build_parts(config, tiny)
-    loop = StepLoop(scheduler, backend, tiny.tokenizer, async_depth=depth)
+    loop = StepLoop(scheduler, backend, tiny.tokenizer, async_depth=depth, shadow_rate=shadow_rate)
     results = anyio.run(_serve, loop, work)
+    if shadow_rate:
+        assert loop.num_shadow_checks > 20 and loop.num_shadow_mismatches == 0
     scheduler.check_invariants()
     assert scheduler.num_used_blocks == 0 and not scheduler.requests
     backend.close()
@@ -126,7 +128,7 @@ def sync_runs(tiny, workload):
 @pytest.mark.parametrize("caching", [True, False])
 def test_depth2_equals_depth1(tiny, workload, sync_runs, caching):
     sync, preempt1, _ = sync_runs[caching]
-    overlapped, preempt2, hits = _run(tiny, workload, 2, caching)
+    overlapped, preempt2, hits = _run(tiny, workload, 2, caching, shadow_rate=0.5)
     assert preempt1 + preempt2 > 0, "the KV budget should force preemptions"
     if caching:
         assert hits > 0

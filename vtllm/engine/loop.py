@@ -6,6 +6,8 @@ run only on the event-loop thread, so no locks. Hot path: keep it lean, put feat
 """
 
 import itertools
+import logging
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -17,6 +19,8 @@ from vtllm.engine.text import TextStream
 from vtllm.scheduler.output import ERROR, STOP, Delta
 from vtllm.scheduler.plan import TokenLogprobs
 from vtllm.scheduler.request import Request
+
+log = logging.getLogger("vtllm.engine")
 
 
 @dataclass(slots=True)
@@ -76,7 +80,7 @@ class Tracked:
 
 
 class StepLoop:
-    def __init__(self, scheduler, backend, tokenizer, *, async_depth: int):
+    def __init__(self, scheduler, backend, tokenizer, *, async_depth: int, shadow_rate=0.0):
         self.scheduler = scheduler
         self.backend = backend
         self.tokenizer = tokenizer
@@ -87,6 +91,9 @@ class StepLoop:
         self.stopping = False
         self.num_steps = 0
         self.host_seconds = 0.0  # scheduling and bookkeeping on the event-loop thread
+        self.shadow_rate = shadow_rate
+        self.num_shadow_checks = 0
+        self.num_shadow_mismatches = 0
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
@@ -123,17 +130,19 @@ class StepLoop:
                     started = perf_counter()
                     plan = scheduler.schedule()
                     if plan is not None:
-                        in_flight.append(backend.launch(plan))
+                        in_flight.append((backend.launch(plan), plan))
                         self.num_steps += 1
                     self.host_seconds += perf_counter() - started
                     if plan is not None and len(in_flight) < self.depth:
                         continue
                 if in_flight:
-                    step = in_flight.popleft()
+                    step, plan = in_flight.popleft()
                     result = await anyio.to_thread.run_sync(backend.collect, step)
                     started = perf_counter()
                     self._deliver(scheduler.update(result))
                     self.host_seconds += perf_counter() - started
+                    if self.shadow_rate and random.random() < self.shadow_rate:
+                        await self._shadow_check(plan)
                     continue
                 if self.stopping and not scheduler.has_work():
                     return
@@ -142,6 +151,29 @@ class StepLoop:
         except BaseException:
             self._fail_all("the engine stopped while serving this request")
             raise
+
+    async def _shadow_check(self, plan) -> None:
+        """Replays one sampled chunk of a finished step alone, from host-known ids."""
+        by_slot = {t.request.slot: t.request for t in self.tracked.values()}
+        for chunk in plan.chunks:
+            request = by_slot.get(chunk.slot)
+            end = chunk.start + chunk.num_tokens
+            if not chunk.sample or request is None or request.num_known_tokens <= end:
+                continue
+            known = request.all_token_ids()[: end + 1]
+            future = self.backend.replay(chunk.slot, chunk.start, known)
+            token = await anyio.to_thread.run_sync(future.result)
+            self.num_shadow_checks += 1
+            if token != known[-1]:
+                self.num_shadow_mismatches += 1
+                log.error(
+                    "shadow check: request %s position %d gave %d, the step gave %d",
+                    request.request_id,
+                    end,
+                    token,
+                    known[-1],
+                )
+            return
 
     def _fail_all(self, message: str) -> None:
         for request_id in list(self.tracked):

@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from vtllm.executor.runner import ModelRunner
+from vtllm.executor.shadow import replay_chunk
 from vtllm.scheduler.plan import StepPlan, StepResult
 
 
@@ -40,6 +41,10 @@ class CpuBackend:
 
     def collect(self, step: InFlightStep) -> StepResult:
         return step.future.result()
+
+    def replay(self, slot: int, start: int, known_ids: list[int]) -> Future:
+        """Queue a shadow replay behind the steps in flight (see executor.shadow)."""
+        return self._worker.submit(replay_chunk, self.runner, slot, start, known_ids)
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)

@@ -102,6 +102,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     async_depth: int = 2
     shadow_check_rate: float = 0.0
     cpu_threads: int = 0
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 4 << 20
+    server_max_prompt_chars: int = 200000
+    server_max_new_tokens: int = 4096
     log_level: str = "info"
 
 

@@ -106,7 +106,7 @@ def _run(tiny, work, depth: int, caching: bool, shadow_rate: float = 0.0):
     loop = StepLoop(scheduler, backend, tiny.tokenizer, async_depth=depth, shadow_rate=shadow_rate)
     results = anyio.run(_serve, loop, work)
     if shadow_rate:
-        assert loop.num_shadow_checks > 20 and loop.num_shadow_mismatches == 0
+        assert loop.shadow.num_checks > 20 and loop.shadow.num_mismatches == 0
     scheduler.check_invariants()
     assert scheduler.num_used_blocks == 0 and not scheduler.requests
     backend.close()

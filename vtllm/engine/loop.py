@@ -6,8 +6,6 @@ run only on the event-loop thread, so no locks. Hot path: keep it lean, put feat
 """
 
 import itertools
-import logging
-import random
 from collections import deque
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -15,12 +13,11 @@ from time import perf_counter
 import anyio
 import anyio.to_thread
 
+from vtllm.engine.shadow_check import ShadowCheck
 from vtllm.engine.text import TextStream
 from vtllm.scheduler.output import ERROR, STOP, Delta
 from vtllm.scheduler.plan import TokenLogprobs
 from vtllm.scheduler.request import Request
-
-log = logging.getLogger("vtllm.engine")
 
 
 @dataclass(slots=True)
@@ -51,31 +48,41 @@ class Update:
         self.num_output_tokens = later.num_output_tokens
 
 
-class Collector:
-    """One request's mailbox with a single slot that merges while the reader is away."""
+class Mailbox:
+    """Where the loop leaves updates for one reader: one merging slot per key (a request,
+    or each choice of a request), one wake-up for all of them. Never an unbounded queue."""
 
     def __init__(self):
-        self._pending: Update | None = None
+        self._pending: dict[object, Update] = {}
         self._ready = anyio.Event()
 
-    def put(self, update: Update) -> None:
-        if self._pending is None:
-            self._pending = update
+    def put(self, key, update: Update) -> None:
+        pending = self._pending.get(key)
+        if pending is None:
+            self._pending[key] = update
         else:
-            self._pending.merge(update)
+            pending.merge(update)
         self._ready.set()
 
-    async def get(self) -> Update:
+    async def get_all(self) -> dict[object, Update]:
         await self._ready.wait()
-        update, self._pending = self._pending, None
+        updates, self._pending = self._pending, {}
         self._ready = anyio.Event()
-        return update
+        return updates
+
+
+class Collector(Mailbox):
+    """A mailbox for a single request."""
+
+    async def get(self) -> Update:
+        return (await self.get_all())[None]
 
 
 @dataclass(slots=True)
 class Tracked:
     request: Request
-    collector: Collector
+    mailbox: Mailbox
+    key: object
     text: TextStream
 
 
@@ -91,22 +98,21 @@ class StepLoop:
         self.stopping = False
         self.num_steps = 0
         self.host_seconds = 0.0  # scheduling and bookkeeping on the event-loop thread
-        self.shadow_rate = shadow_rate
-        self.num_shadow_checks = 0
-        self.num_shadow_mismatches = 0
+        self.shadow = ShadowCheck(backend, shadow_rate)
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
     # -- called by request handlers (same thread) -------------------------------------------
-    def add(self, request: Request) -> Collector:
-        """Queue a request; raises a user error (nothing kept) if it can never run."""
+    def add(self, request: Request, mailbox: Mailbox | None = None, key=None) -> Mailbox:
+        """Queue a request; raises a user error (nothing kept) if it can never run. Its updates
+        go to `mailbox` under `key` (a new Collector by default)."""
         self.scheduler.add_request(request)
-        collector = Collector()
+        mailbox = Collector() if mailbox is None else mailbox
         text = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling)
-        self.tracked[request.request_id] = Tracked(request, collector, text)
+        self.tracked[request.request_id] = Tracked(request, mailbox, key, text)
         self._wake.set()
-        return collector
+        return mailbox
 
     def abort(self, request_id: str) -> None:
         delta = self.scheduler.abort_request(request_id)
@@ -130,19 +136,20 @@ class StepLoop:
                     started = perf_counter()
                     plan = scheduler.schedule()
                     if plan is not None:
-                        in_flight.append((backend.launch(plan), plan))
+                        self.shadow.before_launch()
+                        in_flight.append(backend.launch(plan))
+                        self.shadow.launched(plan, self.tracked)
                         self.num_steps += 1
                     self.host_seconds += perf_counter() - started
                     if plan is not None and len(in_flight) < self.depth:
                         continue
                 if in_flight:
-                    step, plan = in_flight.popleft()
+                    step = in_flight.popleft()
                     result = await anyio.to_thread.run_sync(backend.collect, step)
                     started = perf_counter()
                     self._deliver(scheduler.update(result))
+                    self.shadow.after_update()
                     self.host_seconds += perf_counter() - started
-                    if self.shadow_rate and random.random() < self.shadow_rate:
-                        await self._shadow_check(plan)
                     continue
                 if self.stopping and not scheduler.has_work():
                     return
@@ -151,29 +158,6 @@ class StepLoop:
         except BaseException:
             self._fail_all("the engine stopped while serving this request")
             raise
-
-    async def _shadow_check(self, plan) -> None:
-        """Replays one sampled chunk of a finished step alone, from host-known ids."""
-        by_slot = {t.request.slot: t.request for t in self.tracked.values()}
-        for chunk in plan.chunks:
-            request = by_slot.get(chunk.slot)
-            end = chunk.start + chunk.num_tokens
-            if not chunk.sample or request is None or request.num_known_tokens <= end:
-                continue
-            known = request.all_token_ids()[: end + 1]
-            future = self.backend.replay(chunk.slot, chunk.start, known)
-            token = await anyio.to_thread.run_sync(future.result)
-            self.num_shadow_checks += 1
-            if token != known[-1]:
-                self.num_shadow_mismatches += 1
-                log.error(
-                    "shadow check: request %s position %d gave %d, the step gave %d",
-                    request.request_id,
-                    end,
-                    token,
-                    known[-1],
-                )
-            return
 
     def _fail_all(self, message: str) -> None:
         for request_id in list(self.tracked):
@@ -218,4 +202,4 @@ class StepLoop:
                     update.text += tracked.text.push([], final=True)
             if update.finished:
                 del self.tracked[delta.request_id]
-            tracked.collector.put(update)
+            tracked.mailbox.put(tracked.key, update)

@@ -1,10 +1,8 @@
-"""Shadow check: replay one chunk of a finished step the synchronous way and compare.
+"""Shadow replay of one chunk (see engine.shadow_check): the chunk alone, from host ids.
 
-At depth 2 a chunk's input ids come from the device mirror (placeholders) and its request is
-batched with whatever else was running. The replay feeds the ids the host now knows, runs the
-chunk alone, and samples into a scratch copy of the mirror. Kernels are batch invariant and
-sampling is counter-based, so a correct engine gives the same token; the KV rows it rewrites
-get the same bits. Off by default (VT_SHADOW_CHECK_RATE): it costs a forward pass.
+Kernels are batch invariant and sampling is counter-based, so a correct engine samples the
+same token the batched step did, and the KV rows the replay rewrites get the same bits. It
+samples into a scratch copy of the mirror, so the device state is left as the step left it.
 """
 
 import numpy as np
@@ -13,9 +11,9 @@ from vtllm.models.llama import ForwardBatch
 
 
 def replay_chunk(runner, slot: int, start: int, known_ids: list[int]) -> int:
-    """Recompute tokens [start, len(known_ids) - 1) of `slot` alone; return the sampled token,
-    which a correct engine makes equal to known_ids[-1]."""
-    end = len(known_ids) - 1
+    """Recompute positions [start, len(known_ids)) of `slot` alone from the host's ids and
+    return the token sampled for the next position."""
+    end = len(known_ids)
     positions = np.arange(start, end, dtype=np.int32)
     blocks = runner.block_tables[slot, positions // runner.block_size]
     batch = ForwardBatch(
@@ -29,7 +27,7 @@ def replay_chunk(runner, slot: int, start: int, known_ids: list[int]) -> int:
     )
     logits = runner.model.forward(batch, runner.kv)
     mirror = runner.token_ids.copy()
-    mirror[slot, :end] = known_ids[:end]
+    mirror[slot, :end] = known_ids
     num_tokens = runner.num_tokens.copy()
     token = np.empty(1, np.int32)
     runner.ops.sample(

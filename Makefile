@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 serve: venv
-	$(PY) -m vtllm generate --chat --interactive
+	$(PY) -m vtllm serve
 
 test: venv
 	$(VENV)/bin/ruff check vtllm tests loadtest

@@ -12,6 +12,9 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vtllm", description="LLM inference with numba kernels")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    srv = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    config.add_flags(srv)
+
     gen = sub.add_parser("generate", help="generate text, streaming it to the terminal")
     config.add_flags(gen)
     gen.add_argument("--prompt", help="the prompt (or the user message with --chat)")
@@ -54,6 +57,10 @@ def main(argv=None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "serve":
+            from vtllm.cli.serve import run_serve
+
+            return run_serve(args)
         if args.command == "generate":
             from vtllm.cli.generate import run_generate
 

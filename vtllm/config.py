@@ -82,6 +82,11 @@ KNOBS = (
         1.0,
     ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
+    Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),
+    Knob("port", "int", 8000, "port the HTTP server binds", 0, 65535),
+    Knob("max_body_bytes", "bytes", 4 << 20, "largest request body", 1024, 1 << 30),
+    Knob("server_max_prompt_chars", "int", 200000, "longest prompt text", 1, 1 << 30),
+    Knob("server_max_new_tokens", "int", 4096, "largest max_tokens a request may ask", 1, 1 << 24),
     Knob(
         "log_level", "str", "info", "log verbosity", choices=("debug", "info", "warning", "error")
     ),

@@ -1,0 +1,48 @@
+"""The starlette application: routes, the error envelope for 404/405 and uncaught failures."""
+
+import time
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
+
+from vtllm.config import EngineConfig
+from vtllm.engine.loop import StepLoop
+from vtllm.server import routes
+from vtllm.server.http_errors import error_response, http_exception
+from vtllm.server.metrics import metrics
+
+
+@dataclass(slots=True)
+class ServerState:
+    loop: StepLoop
+    tokenizer: object
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+    config: EngineConfig
+    status: str = "loading"  # loading | ok | draining | dead
+    started: int = field(default_factory=lambda: int(time.time()))
+
+
+async def _internal_error(_request, _exc):
+    return error_response(500, "internal server error", "internal_error")
+
+
+def build_app(state: ServerState) -> Starlette:
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/health", routes.health, methods=["GET"]),
+            Route("/version", routes.version, methods=["GET"]),
+            Route("/tokenize", routes.tokenize, methods=["POST"]),
+            Route("/detokenize", routes.detokenize, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_exception, Exception: _internal_error},
+    )
+    app.state.vt = state
+    return app

@@ -1,0 +1,69 @@
+"""The server's task tree: one anyio task group holding the step loop and hypercorn.
+
+SIGINT/SIGTERM turn /health to 503 and stop hypercorn, which lets in-flight responses finish
+within its graceful timeout; then the step loop drains and exits.
+"""
+
+import logging
+import signal
+
+import anyio
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config as HypercornConfig
+
+from vtllm.config import EngineConfig
+from vtllm.engine.build import build_parts
+from vtllm.engine.loop import StepLoop
+from vtllm.server.app import ServerState, build_app
+
+log = logging.getLogger("vtllm.server")
+
+
+def build_state(config: EngineConfig) -> ServerState:
+    loaded, scheduler, backend, max_model_len = build_parts(config)
+    loop = StepLoop(
+        scheduler,
+        backend,
+        loaded.tokenizer,
+        async_depth=config.async_depth,
+        shadow_rate=config.shadow_check_rate,
+    )
+    return ServerState(
+        loop=loop,
+        tokenizer=loaded.tokenizer,
+        model_name=config.served_model_name or loaded.name,
+        vocab_size=loaded.config.vocab_size,
+        max_model_len=max_model_len,
+        config=config,
+    )
+
+
+async def serve(state: ServerState, *, ready=None) -> None:
+    """Runs until SIGINT/SIGTERM. `ready(port)` is called once the socket listens."""
+    config = state.config
+    hconfig = HypercornConfig()
+    hconfig.bind = [f"{config.host}:{config.port}"]
+    hconfig.accesslog = None
+    hconfig.graceful_timeout = 30.0
+    stop = anyio.Event()
+    app = build_app(state)
+
+    async def watch_signals():
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                log.info("shutting down: draining requests")
+                state.status = "draining"
+                stop.set()
+                return
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(state.loop.run)
+        async with anyio.create_task_group() as http:
+            http.start_soon(watch_signals)
+            state.status = "ok"
+            if ready is not None:
+                ready(config.port)
+            log.info("serving %s on http://%s:%d", state.model_name, config.host, config.port)
+            await hypercorn_serve(app, hconfig, shutdown_trigger=stop.wait)
+            http.cancel_scope.cancel()
+        state.loop.stop()  # returns once the requests still in the engine are done

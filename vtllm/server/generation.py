@@ -1,0 +1,63 @@
+"""Submitting a request's choices to the step loop and reading them back.
+
+All choices are added before anything is sent, so a request that can never run fails with a
+4xx before any SSE byte; if one choice fails, the ones already added are aborted.
+"""
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from vtllm.engine.loop import Mailbox, StepLoop, Update
+from vtllm.scheduler.request import Request
+from vtllm.scheduler.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class Choice:
+    index: int
+    request_id: str
+    prompt_ids: list[int]
+    first_of_prompt: bool
+    total: Update = field(default_factory=Update)
+
+
+@dataclass(slots=True)
+class Submission:
+    id: str
+    created: int
+    choices: list[Choice]
+    mailbox: Mailbox
+
+    @property
+    def finished(self) -> bool:
+        return all(c.total.finished for c in self.choices)
+
+    def abort_unfinished(self, loop: StepLoop) -> None:
+        for choice in self.choices:
+            if not choice.total.finished:
+                loop.abort(choice.request_id)
+
+    async def updates(self):
+        """Yields (choice, update) until every choice has finished."""
+        while not self.finished:
+            for index, update in (await self.mailbox.get_all()).items():
+                choice = self.choices[index]
+                choice.total.merge(update)
+                yield choice, update
+
+
+def submit(loop: StepLoop, prompts: list[list[int]], params: SamplingParams, prefix: str):
+    sub = Submission(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), [], Mailbox())
+    try:
+        for p, ids in enumerate(prompts):
+            for k in range(params.n):
+                seed = None if params.seed is None else params.seed + k
+                request_id = f"{sub.id}-{p}-{k}"
+                index = len(sub.choices)
+                loop.add(Request(request_id, list(ids), params, seed=seed), sub.mailbox, index)
+                sub.choices.append(Choice(index, request_id, ids, k == 0))
+    except BaseException:
+        sub.abort_unfinished(loop)
+        raise
+    return sub

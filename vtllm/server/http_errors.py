@@ -1,0 +1,39 @@
+"""Every failure becomes the OpenAI error envelope with the right status."""
+
+import msgspec
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from vtllm.errors import VtllmError
+from vtllm.server.protocol import ErrorBody, ErrorResponse, encoder
+
+
+class HttpError(VtllmError):
+    def __init__(self, status: int, message: str, *, type_: str, code=None, param=None):
+        super().__init__(message, param=param)
+        self.status, self.type, self.code = status, type_, code
+
+
+def error_response(status: int, message: str, type_: str, param=None, code=None, headers=None):
+    body = ErrorResponse(ErrorBody(message=message, type=type_, param=param, code=code))
+    return Response(encoder.encode(body), status, headers, media_type="application/json")
+
+
+def from_exception(exc: Exception) -> Response:
+    if isinstance(exc, VtllmError):
+        return error_response(exc.status, str(exc), exc.type, exc.param, exc.code)
+    if isinstance(exc, msgspec.ValidationError):
+        message = str(exc)
+        param = message.rsplit("at `$.", 1)[1].rstrip("`") if "at `$." in message else None
+        return error_response(400, message, "invalid_request_error", param, "invalid_type")
+    if isinstance(exc, msgspec.DecodeError):
+        return error_response(
+            400, "the body is not valid JSON", "invalid_request_error", code="invalid_json"
+        )
+    raise exc
+
+
+async def http_exception(_request: Request, exc: HTTPException) -> Response:
+    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "error")
+    return error_response(exc.status_code, str(exc.detail), kind, headers=exc.headers)

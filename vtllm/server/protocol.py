@@ -1,0 +1,170 @@
+"""OpenAI wire formats as msgspec Structs: strict types, unknown fields ignored.
+
+Fields whose JSON shape varies (prompt, messages, stop) are typed loosely here and checked in
+validate.py, where each error can name its exact param (messages[0].role).
+"""
+
+from typing import Any
+
+import msgspec
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class _SamplingFields(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n: int = 1
+    stop: Any = None  # str | list[str]
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+class CompletionRequest(_SamplingFields, kw_only=True):
+    prompt: Any = msgspec.UNSET  # str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
+    messages: Any = msgspec.UNSET  # list of {role, content}
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    prompt: str | msgspec.UnsetType = msgspec.UNSET
+    messages: Any = msgspec.UNSET
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    tokens: list[int]
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(msgspec.Struct):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(msgspec.Struct):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: CompletionLogprobs | None = None
+
+
+class CompletionResponse(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: str = "text_completion"
+    usage: Usage | None = None
+
+
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct):
+    content: list[ChatTokenLogprob]
+
+
+class ChatMessageOut(msgspec.Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChoice(msgspec.Struct):
+    index: int
+    message: ChatMessageOut
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatChunkChoice(msgspec.Struct):
+    index: int
+    delta: ChatMessageOut
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatCompletionResponse(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    object: str = "chat.completion"
+    usage: Usage | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    object: str = "chat.completion.chunk"
+    usage: Usage | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(msgspec.Struct):
+    error: ErrorBody
+
+
+encoder = msgspec.json.Encoder()
+completion_decoder = msgspec.json.Decoder(CompletionRequest)
+chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
+detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)

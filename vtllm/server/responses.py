@@ -1,0 +1,159 @@
+"""Shaping engine updates into OpenAI completion and chat responses, streamed or whole."""
+
+from vtllm.server.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessageOut,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    TopLogprob,
+    Usage,
+)
+
+
+class _Shaper:
+    def __init__(self, state, req, sub):
+        self.state, self.req, self.sub = state, req, sub
+        self.text = [""] * len(sub.choices)
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    def _token(self, token_id: int) -> str:
+        return self.state.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def usage(self) -> Usage:
+        # n choices share one prompt: count it once
+        prompt = sum(len(c.prompt_ids) for c in self.sub.choices if c.first_of_prompt)
+        completion = sum(len(c.total.token_ids) for c in self.sub.choices)
+        return Usage(prompt, completion, prompt + completion)
+
+
+class CompletionShaper(_Shaper):
+    def opening(self):
+        if not self.req.echo:
+            return []
+        return [
+            self._response([CompletionChoice(c.index, self._echo(c)) for c in self.sub.choices])
+        ]
+
+    def _echo(self, choice) -> str:
+        return self.state.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False)
+
+    def _logprobs(self, update) -> CompletionLogprobs | None:
+        if self.req.logprobs is None:
+            return None
+        lps = update.logprobs
+        tokens = [self._token(lp.token_id) for lp in lps]
+        tops = [
+            {self._token(t): v for t, v in zip(lp.top_ids, lp.top_logprobs, strict=True)}
+            for lp in lps
+        ]
+        offsets, pos = [], 0
+        for t in tokens:
+            offsets.append(pos)
+            pos += len(t)
+        return CompletionLogprobs(tokens, [lp.logprob for lp in lps], tops, offsets)
+
+    def _response(self, choices, usage=None) -> CompletionResponse:
+        sub = self.sub
+        return CompletionResponse(sub.id, sub.created, self.state.model_name, choices, usage=usage)
+
+    def chunk(self, choice, update):
+        if not update.text and not update.finished and not update.logprobs:
+            return None
+        return self._response(
+            [
+                CompletionChoice(
+                    choice.index,
+                    update.text,
+                    update.finish_reason if update.finished else None,
+                    update.stop_reason if update.finished else None,
+                    self._logprobs(update),
+                )
+            ]
+        )
+
+    def usage_chunk(self):
+        return self._response([], self.usage()) if self.include_usage else None
+
+    def final(self) -> CompletionResponse:
+        choices = []
+        for c in self.sub.choices:
+            text = (self._echo(c) if self.req.echo else "") + c.total.text
+            choices.append(
+                CompletionChoice(
+                    c.index,
+                    text,
+                    c.total.finish_reason,
+                    c.total.stop_reason,
+                    self._logprobs(c.total),
+                )
+            )
+        return self._response(choices, self.usage())
+
+
+class ChatShaper(_Shaper):
+    def _logprobs(self, update) -> ChatLogprobs | None:
+        if not self.req.logprobs:
+            return None
+        content = []
+        for lp in update.logprobs:
+            token = self._token(lp.token_id)
+            tops = [
+                TopLogprob(self._token(t), v, list(self._token(t).encode()))
+                for t, v in zip(lp.top_ids, lp.top_logprobs, strict=True)
+            ]
+            content.append(ChatTokenLogprob(token, lp.logprob, list(token.encode()), tops))
+        return ChatLogprobs(content)
+
+    def _chunk(self, choices, usage=None) -> ChatCompletionChunk:
+        sub = self.sub
+        return ChatCompletionChunk(sub.id, sub.created, self.state.model_name, choices, usage=usage)
+
+    def opening(self):
+        return [
+            self._chunk(
+                [
+                    ChatChunkChoice(c.index, ChatMessageOut(role="assistant", content=""))
+                    for c in self.sub.choices
+                ]
+            )
+        ]
+
+    def chunk(self, choice, update):
+        if not update.text and not update.finished and not update.logprobs:
+            return None
+        return self._chunk(
+            [
+                ChatChunkChoice(
+                    choice.index,
+                    ChatMessageOut(content=update.text),
+                    update.finish_reason if update.finished else None,
+                    update.stop_reason if update.finished else None,
+                    self._logprobs(update),
+                )
+            ]
+        )
+
+    def usage_chunk(self):
+        return self._chunk([], self.usage()) if self.include_usage else None
+
+    def final(self) -> ChatCompletionResponse:
+        choices = [
+            ChatChoice(
+                c.index,
+                ChatMessageOut(role="assistant", content=c.total.text),
+                c.total.finish_reason,
+                c.total.stop_reason,
+                self._logprobs(c.total),
+            )
+            for c in self.sub.choices
+        ]
+        sub = self.sub
+        return ChatCompletionResponse(
+            sub.id, sub.created, self.state.model_name, choices, usage=self.usage()
+        )

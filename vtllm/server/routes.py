@@ -1,0 +1,201 @@
+"""The OpenAI routes. Handlers decide every error before the first SSE byte.
+
+Hot path: keep it lean, put features in helpers (validate.py, responses.py).
+"""
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from vtllm import __version__
+from vtllm.errors import VtllmError
+from vtllm.models.chat_template import render_chat
+from vtllm.server import responses
+from vtllm.server.generation import submit
+from vtllm.server.http_errors import HttpError, from_exception
+from vtllm.server.protocol import (
+    chat_decoder,
+    completion_decoder,
+    detokenize_decoder,
+    encoder,
+    tokenize_decoder,
+)
+from vtllm.server.sse import DONE, frame
+from vtllm.server.validate import chat_messages, completion_prompts, sampling_params
+
+_LONG_TEXT = 20_000  # characters above which tokenizing moves off the event loop
+
+
+async def read_json(request: Request, decoder, limit: int):
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise HttpError(415, "Content-Type must be application/json", type_="invalid_request_error")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, f"body larger than {limit} bytes", type_="invalid_request_error")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise HttpError(413, f"body larger than {limit} bytes", type_="invalid_request_error")
+    return decoder.decode(bytes(body))
+
+
+def _check_model(state, model: str | None) -> None:
+    if model is not None and model != state.model_name:
+        raise HttpError(
+            404,
+            f"model {model!r} is not served here",
+            type_="invalid_request_error",
+            code="model_not_found",
+            param="model",
+        )
+
+
+async def _encode(state, text: str) -> list[int]:
+    if len(text) > _LONG_TEXT:
+        return await anyio.to_thread.run_sync(state.tokenizer.encode, text)
+    return state.tokenizer.encode(text)
+
+
+async def completions(request: Request) -> Response:
+    state = request.app.state.vt
+    try:
+        req = await read_json(request, completion_decoder, state.config.max_body_bytes)
+        _check_model(state, req.model)
+        cfg = state.config
+        prompts = completion_prompts(
+            req, state.tokenizer, state.vocab_size, cfg.server_max_prompt_chars
+        )
+        params = sampling_params(req, chat=False, max_new_tokens=cfg.server_max_new_tokens)
+        params.check_vocab(state.vocab_size)
+        sub = submit(state.loop, prompts, params, "cmpl")
+    except (VtllmError, ValueError) as exc:
+        return from_exception(exc)
+    shaper = responses.CompletionShaper(state, req, sub)
+    if req.stream:
+        return _stream(state, sub, shaper)
+    return await _gather(state, sub, shaper, request)
+
+
+async def chat_completions(request: Request) -> Response:
+    state = request.app.state.vt
+    try:
+        req = await read_json(request, chat_decoder, state.config.max_body_bytes)
+        _check_model(state, req.model)
+        cfg = state.config
+        messages = chat_messages(req, cfg.server_max_prompt_chars)
+        tok = state.tokenizer
+        text = await anyio.to_thread.run_sync(
+            lambda: render_chat(
+                tok.chat_template,
+                messages,
+                add_generation_prompt=req.add_generation_prompt,
+                bos_token=tok.special_token(tok.bos_token_id),
+                eos_token=tok.special_token(tok.eos_token_ids[0] if tok.eos_token_ids else None),
+            )
+        )
+        prompt = await _encode(state, text)
+        params = sampling_params(req, chat=True, max_new_tokens=cfg.server_max_new_tokens)
+        params.check_vocab(state.vocab_size)
+        sub = submit(state.loop, [prompt], params, "chatcmpl")
+    except (VtllmError, ValueError) as exc:
+        return from_exception(exc)
+    shaper = responses.ChatShaper(state, req, sub)
+    if req.stream:
+        return _stream(state, sub, shaper)
+    return await _gather(state, sub, shaper, request)
+
+
+def _stream(state, sub, shaper) -> StreamingResponse:
+    """SSE: starlette cancels this generator when the client goes away; `finally` then aborts
+    the request in the engine, which frees its blocks."""
+
+    async def events():
+        try:
+            for chunk in shaper.opening():
+                yield frame(chunk)
+            async for choice, update in sub.updates():
+                chunk = shaper.chunk(choice, update)
+                if chunk is not None:
+                    yield frame(chunk)
+            usage = shaper.usage_chunk()
+            if usage is not None:
+                yield frame(usage)
+        except Exception as exc:  # after headers: one error frame, then [DONE]
+            yield frame(
+                {
+                    "error": {
+                        "message": str(exc),
+                        "type": "internal_error",
+                        "param": None,
+                        "code": None,
+                    }
+                }
+            )
+        finally:
+            sub.abort_unfinished(state.loop)
+        yield DONE
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+async def _gather(state, sub, shaper, request: Request) -> Response:
+    try:
+        async for _choice, _update in sub.updates():
+            pass
+    finally:
+        sub.abort_unfinished(state.loop)
+    return Response(encoder.encode(shaper.final()), media_type="application/json")
+
+
+async def models(request: Request) -> Response:
+    state = request.app.state.vt
+    card = {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "vtllm",
+        "max_model_len": state.max_model_len,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def health(request: Request) -> Response:
+    state = request.app.state.vt
+    return Response(status_code=200 if state.status == "ok" else 503)
+
+
+async def version(_request: Request) -> Response:
+    return JSONResponse({"version": __version__})
+
+
+async def tokenize(request: Request) -> Response:
+    state = request.app.state.vt
+    try:
+        req = await read_json(request, tokenize_decoder, state.config.max_body_bytes)
+        _check_model(state, req.model)
+        if isinstance(req.prompt, str):
+            ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            raise HttpError(
+                400, "prompt is required", type_="invalid_request_error", param="prompt"
+            )
+    except (VtllmError, ValueError) as exc:
+        return from_exception(exc)
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
+
+
+async def detokenize(request: Request) -> Response:
+    state = request.app.state.vt
+    try:
+        req = await read_json(request, detokenize_decoder, state.config.max_body_bytes)
+        _check_model(state, req.model)
+        if any(t < 0 or t >= state.vocab_size for t in req.tokens):
+            raise HttpError(
+                400, "token ids out of range", type_="invalid_request_error", param="tokens"
+            )
+    except (VtllmError, ValueError) as exc:
+        return from_exception(exc)
+    return JSONResponse({"prompt": state.tokenizer.decode(req.tokens)})

@@ -1,0 +1,137 @@
+"""Request bodies -> (prompts as token ids, SamplingParams), each error naming its param."""
+
+from vtllm.errors import ContextLengthExceeded, InvalidParameter
+from vtllm.scheduler.sampling_params import SamplingParams
+from vtllm.server.protocol import ChatCompletionRequest, CompletionRequest
+
+MAX_PROMPTS = 64  # prompts in one /v1/completions list
+MAX_N = 16
+ROLES = frozenset({"system", "developer", "user", "assistant"})
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def completion_prompts(req: CompletionRequest, tokenizer, vocab: int, max_chars: int):
+    """Every prompt of a completion request as token ids (tokenizing text)."""
+    prompt = req.prompt
+    if prompt is None or prompt.__class__.__name__ == "UnsetType":
+        raise InvalidParameter("prompt is required", param="prompt")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        prompts = prompt
+    else:
+        raise InvalidParameter("prompt must be a non-empty string or list", param="prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise InvalidParameter(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            if not p:
+                raise InvalidParameter("prompt must not be empty", param="prompt")
+            if len(p) > max_chars:
+                raise InvalidParameter(f"prompt longer than {max_chars} characters", param="prompt")
+            out.append(tokenizer.encode(p))
+        elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+            if any(t < 0 or t >= vocab for t in p):
+                raise InvalidParameter(f"token ids must be in [0, {vocab})", param="prompt")
+            out.append(list(p))
+        else:
+            raise InvalidParameter("each prompt is a string or a list of token ids", param="prompt")
+    return out
+
+
+def chat_messages(req: ChatCompletionRequest, max_chars: int) -> list[dict]:
+    messages = req.messages
+    if not isinstance(messages, list) or not messages:
+        raise InvalidParameter("messages must be a non-empty list", param="messages")
+    clean, total = [], 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidParameter("a message is an object", param=f"messages[{i}].role")
+        role = message.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise InvalidParameter(
+                f"role must be one of {sorted(ROLES)}", param=f"messages[{i}].role"
+            )
+        text = _content_text(message.get("content"), i)
+        total += len(text)
+        if total > max_chars:
+            raise InvalidParameter(f"messages longer than {max_chars} characters", param="messages")
+        clean.append({"role": "system" if role == "developer" else role, "content": text})
+    return clean
+
+
+def _content_text(content, i: int) -> str:
+    param = f"messages[{i}].content"
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise InvalidParameter("only text content parts are supported", param=param)
+            if not isinstance(part.get("text"), str):
+                raise InvalidParameter("a text part needs a string 'text'", param=param)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise InvalidParameter("content must be a string or a list of text parts", param=param)
+
+
+def sampling_params(req, *, chat: bool, max_new_tokens: int) -> SamplingParams:
+    stop = req.stop
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    elif not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise InvalidParameter("stop must be a string or a list of strings", param="stop")
+    bias = None
+    if req.logit_bias:
+        try:
+            bias = {int(k): v for k, v in req.logit_bias.items()}
+        except ValueError:
+            raise InvalidParameter(
+                "logit_bias keys must be token ids", param="logit_bias"
+            ) from None
+    max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens else req.max_tokens
+    if max_tokens is None and not chat:
+        max_tokens = 16  # the OpenAI default for completions
+    if max_tokens is not None and max_tokens > max_new_tokens:
+        raise ContextLengthExceeded(
+            f"max_tokens is {max_tokens}; this server generates at most {max_new_tokens}",
+            param="max_tokens",
+        )
+    if not 1 <= req.n <= MAX_N:
+        raise InvalidParameter(f"n must be in [1, {MAX_N}]", param="n")
+    if chat:
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        if req.top_logprobs is not None and not req.logprobs:
+            raise InvalidParameter("top_logprobs needs logprobs=true", param="top_logprobs")
+    else:
+        logprobs = req.logprobs
+    defaults = SamplingParams()
+    return SamplingParams(
+        n=req.n,
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=bias,
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
+        stop=stop,
+        stop_token_ids=req.stop_token_ids or [],
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+    )

@@ -41,6 +41,7 @@ class Knob:
     lo: float | None = None
     hi: float | None = None
     choices: tuple | None = None
+    secret: bool = False  # never printed
 
     @property
     def flag(self) -> str:
@@ -88,6 +89,29 @@ KNOBS = (
     Knob("server_max_prompt_chars", "int", 200000, "longest prompt text", 1, 1 << 30),
     Knob("server_max_new_tokens", "int", 4096, "largest max_tokens a request may ask", 1, 1 << 24),
     Knob(
+        "server_sse_ping_s",
+        "float",
+        15.0,
+        "SSE keep-alive comment interval while waiting",
+        0.1,
+        3600,
+    ),
+    Knob("max_queued_requests", "int", 256, "waiting requests before new ones get 429", 1, 1 << 20),
+    Knob(
+        "drain_timeout_s",
+        "float",
+        30.0,
+        "on SIGTERM, how long in-flight requests may finish",
+        0,
+        3600,
+    ),
+    Knob(
+        "api_key", "str", None, "required as 'Authorization: Bearer KEY' on /v1 and tokenize routes"
+    ),
+    Knob(
+        "cors_origins", "str", None, "comma-separated origins allowed by CORS (default: CORS off)"
+    ),
+    Knob(
         "log_level", "str", "info", "log verbosity", choices=("debug", "info", "warning", "error")
     ),
 )
@@ -112,6 +136,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_body_bytes: int = 4 << 20
     server_max_prompt_chars: int = 200000
     server_max_new_tokens: int = 4096
+    server_sse_ping_s: float = 15.0
+    max_queued_requests: int = 256
+    drain_timeout_s: float = 30.0
+    api_key: str | None = None
+    cors_origins: str | None = None
     log_level: str = "info"
 
 

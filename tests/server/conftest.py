@@ -62,11 +62,11 @@ def server():
     proc, base = start_server()
     yield base
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
+    assert proc.wait(timeout=120) == 0
 
 
 def metrics(base: str) -> dict[str, float]:
-    text = httpx.get(base + "/metrics", timeout=10).text
+    text = httpx.get(base + "/metrics", timeout=120).text
     values = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):

@@ -88,9 +88,9 @@ CASES = [
 )
 def test_rejected_with_envelope(server, path, body, ctype, status, param):
     if isinstance(body, bytes):
-        r = httpx.post(server + path, content=body, headers={"content-type": ctype})
+        r = httpx.post(server + path, content=body, headers={"content-type": ctype}, timeout=120)
     else:
-        r = httpx.post(server + path, json=body)
+        r = httpx.post(server + path, json=body, timeout=120)
     assert r.status_code == status, r.text
     assert r.headers["content-type"].startswith("application/json")
     error = r.json()["error"]
@@ -99,7 +99,7 @@ def test_rejected_with_envelope(server, path, body, ctype, status, param):
         assert error["param"] == param, error
     m = wait_idle(server)
     assert m["vt:kv_cache_used_blocks"] == 0 and m["vt:tracked_requests"] == 0
-    ok = httpx.post(server + C, json={"prompt": "Hi", "max_tokens": 2})
+    ok = httpx.post(server + C, json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
     assert ok.status_code == 200
 
 
@@ -107,11 +107,13 @@ def test_rejected_with_envelope(server, path, body, ctype, status, param):
     ("method", "path", "status"), [("GET", "/nope", 404), ("GET", C, 405), ("DELETE", CC, 405)]
 )
 def test_unknown_route_and_method(server, method, path, status):
-    r = httpx.request(method, server + path)
+    r = httpx.request(method, server + path, timeout=120)
     assert r.status_code == status and "error" in r.json()
 
 
 def test_body_over_the_cap_is_413(server):
     big = b'{"prompt": "' + b"x" * (5 << 20) + b'"}'
-    r = httpx.post(server + C, content=big, headers={"content-type": "application/json"})
+    r = httpx.post(
+        server + C, content=big, headers={"content-type": "application/json"}, timeout=120
+    )
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"

@@ -48,7 +48,9 @@ def test_openai_client_completion_matches_golden(client, server, goldens):
         temperature=0.0,
         extra_body={"ignore_eos": True},
     )
-    expected = httpx.post(server + "/detokenize", json={"tokens": golden["output_ids"]}).json()
+    expected = httpx.post(
+        server + "/detokenize", json={"tokens": golden["output_ids"]}, timeout=120
+    ).json()
     assert out.choices[0].text == expected["prompt"]
     assert out.usage.completion_tokens == 64 and out.choices[0].finish_reason == "length"
 
@@ -61,14 +63,16 @@ def test_raw_sse_frames_and_one_usage_chunk(server):
         "seed": 3,
         "stream_options": {"include_usage": True},
     }
-    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = _sse_events(r)
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     usage = [e for e in events[:-1] if e.get("usage")]
     assert len(usage) == 1 and usage[0] is events[-2] and usage[0]["choices"] == []
     text = "".join(e["choices"][0]["text"] for e in events[:-2])
-    plain = httpx.post(server + "/v1/completions", json={**body, "stream": False}).json()
+    plain = httpx.post(
+        server + "/v1/completions", json={**body, "stream": False}, timeout=120
+    ).json()
     assert text == plain["choices"][0]["text"]
     assert usage[0]["usage"] == plain["usage"]
 
@@ -82,22 +86,26 @@ def test_n_choices_and_logprobs(server):
         "logprobs": 2,
         "temperature": 1.0,
     }
-    out = httpx.post(server + "/v1/completions", json=body, timeout=60).json()
+    out = httpx.post(server + "/v1/completions", json=body, timeout=120).json()
     assert [c["index"] for c in out["choices"]] == [0, 1, 2]
     for choice in out["choices"]:
         lp = choice["logprobs"]
         assert len(lp["tokens"]) == len(lp["token_logprobs"]) == 5
         assert all(len(t) <= 2 for t in lp["top_logprobs"])
     assert out["usage"]["prompt_tokens"] == len(
-        httpx.post(server + "/tokenize", json={"prompt": "The sky is"}).json()["tokens"]
+        httpx.post(server + "/tokenize", json={"prompt": "The sky is"}, timeout=120).json()[
+            "tokens"
+        ]
     )
 
 
 def test_stop_string_is_not_sent(server):
     body = {"prompt": [1, 2, 3], "max_tokens": 40, "temperature": 0.0, "ignore_eos": True}
-    full = httpx.post(server + "/v1/completions", json=body).json()["choices"][0]["text"]
+    full = httpx.post(server + "/v1/completions", json=body, timeout=120).json()["choices"][0][
+        "text"
+    ]
     stop = full[5:8]
-    cut = httpx.post(server + "/v1/completions", json={**body, "stop": [stop]}).json()
+    cut = httpx.post(server + "/v1/completions", json={**body, "stop": [stop]}, timeout=120).json()
     choice = cut["choices"][0]
     assert choice["text"] == full[: full.index(stop)]
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
@@ -105,7 +113,7 @@ def test_stop_string_is_not_sent(server):
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
     body = {"prompt": "Count to a thousand:", "max_tokens": 900, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", server + "/v1/completions", json=body, timeout=120) as r:
         for i, _line in enumerate(r.iter_lines()):
             if i > 6:
                 break

@@ -31,6 +31,8 @@ def run_config(args) -> int:
     width = max(len(k.name) for k in config.KNOBS)
     for knob in config.KNOBS:
         value = getattr(engine_config, knob.name)
+        if knob.secret and value:
+            value = "(set)"
         source = sources[knob.name]
         print(f"{knob.name:<{width}}  {value!s:<12} {source:<8} {knob.env:<28} {knob.help}")
     return 0

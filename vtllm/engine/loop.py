@@ -97,6 +97,7 @@ class StepLoop:
         self._wake = anyio.Event()
         self.stopping = False
         self.num_steps = 0
+        self.num_finished = 0
         self.host_seconds = 0.0  # scheduling and bookkeeping on the event-loop thread
         self.shadow = ShadowCheck(backend, shadow_rate)
 
@@ -156,10 +157,10 @@ class StepLoop:
                 await self._wake.wait()
                 self._wake = anyio.Event()
         except BaseException:
-            self._fail_all("the engine stopped while serving this request")
+            self.fail_all("the engine stopped while serving this request")
             raise
 
-    def _fail_all(self, message: str) -> None:
+    def fail_all(self, message: str) -> None:
         for request_id in list(self.tracked):
             delta = self.scheduler.finish_request(request_id, ERROR, message)
             if delta is not None:
@@ -202,4 +203,5 @@ class StepLoop:
                     update.text += tracked.text.push([], final=True)
             if update.finished:
                 del self.tracked[delta.request_id]
+                self.num_finished += 1
             tracked.mailbox.put(tracked.key, update)

@@ -5,11 +5,13 @@ from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from vtllm.config import EngineConfig
 from vtllm.engine.loop import StepLoop
 from vtllm.server import routes
+from vtllm.server.admission import ApiKeyMiddleware, DrainRate
 from vtllm.server.http_errors import error_response, http_exception
 from vtllm.server.metrics import metrics
 
@@ -24,6 +26,7 @@ class ServerState:
     config: EngineConfig
     status: str = "loading"  # loading | ok | draining | dead
     started: int = field(default_factory=lambda: int(time.time()))
+    drain: DrainRate = field(default_factory=DrainRate)
 
 
 async def _internal_error(_request, _exc):
@@ -45,4 +48,15 @@ def build_app(state: ServerState) -> Starlette:
         exception_handlers={HTTPException: http_exception, Exception: _internal_error},
     )
     app.state.vt = state
+    config = state.config
+    if config.cors_origins:
+        origins = [o.strip() for o in config.cors_origins.split(",") if o.strip()]
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=config.api_key)
     return app

@@ -5,6 +5,7 @@ within its graceful timeout; then the step loop drains and exits.
 """
 
 import logging
+import os
 import signal
 
 import anyio
@@ -44,17 +45,30 @@ async def serve(state: ServerState, *, ready=None) -> None:
     hconfig = HypercornConfig()
     hconfig.bind = [f"{config.host}:{config.port}"]
     hconfig.accesslog = None
-    hconfig.graceful_timeout = 30.0
+    hconfig.graceful_timeout = 5.0  # after our own drain (drain_then_stop)
     stop = anyio.Event()
     app = build_app(state)
 
     async def watch_signals():
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for _ in signals:
-                log.info("shutting down: draining requests")
-                state.status = "draining"
-                stop.set()
-                return
+                if state.status == "draining":
+                    log.warning("second signal: exiting now")
+                    os._exit(1)
+                state.status = "draining"  # /health 503, new requests 503
+                log.info("shutting down: draining for up to %.0fs", config.drain_timeout_s)
+                http.start_soon(drain_then_stop)
+
+    async def drain_then_stop():
+        loop = state.loop
+        with anyio.move_on_after(config.drain_timeout_s):
+            while loop.tracked:
+                await anyio.sleep(0.05)
+        if loop.tracked:  # leftovers end with an error frame, then [DONE]
+            log.warning("drain deadline: failing %d requests", len(loop.tracked))
+            loop.fail_all("the server is shutting down")
+            await anyio.sleep(0.5)  # let the writers flush their last frames
+        stop.set()
 
     async with anyio.create_task_group() as tg:
         await tg.start(state.loop.run)
@@ -64,6 +78,17 @@ async def serve(state: ServerState, *, ready=None) -> None:
             if ready is not None:
                 ready(config.port)
             log.info("serving %s on http://%s:%d", state.model_name, config.host, config.port)
-            await hypercorn_serve(app, hconfig, shutdown_trigger=stop.wait)
+            served = anyio.Event()
+
+            async def run_http():
+                # hypercorn in a task of its own: it leaves asyncio cancellation state behind
+                # on the task that ran it, which would confuse this task's cancel scopes.
+                try:
+                    await hypercorn_serve(app, hconfig, shutdown_trigger=stop.wait)
+                finally:
+                    served.set()
+
+            http.start_soon(run_http)
+            await served.wait()
             http.cancel_scope.cancel()
         state.loop.stop()  # returns once the requests still in the engine are done

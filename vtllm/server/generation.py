@@ -8,6 +8,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import anyio
+
 from vtllm.engine.loop import Mailbox, StepLoop, Update
 from vtllm.scheduler.request import Request
 from vtllm.scheduler.sampling_params import SamplingParams
@@ -38,10 +40,17 @@ class Submission:
             if not choice.total.finished:
                 loop.abort(choice.request_id)
 
-    async def updates(self):
-        """Yields (choice, update) until every choice has finished."""
+    async def updates(self, ping_after: float | None = None):
+        """Yields (choice, update) until every choice has finished; (None, None) when nothing
+        came for `ping_after` seconds (the caller sends a keep-alive)."""
         while not self.finished:
-            for index, update in (await self.mailbox.get_all()).items():
+            updates = None
+            with anyio.move_on_after(ping_after):
+                updates = await self.mailbox.get_all()
+            if updates is None:
+                yield None, None
+                continue
+            for index, update in updates.items():
                 choice = self.choices[index]
                 choice.total.merge(update)
                 yield choice, update

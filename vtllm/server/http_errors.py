@@ -10,9 +10,11 @@ from vtllm.server.protocol import ErrorBody, ErrorResponse, encoder
 
 
 class HttpError(VtllmError):
-    def __init__(self, status: int, message: str, *, type_: str, code=None, param=None):
+    def __init__(
+        self, status: int, message: str, *, type_: str, code=None, param=None, headers=None
+    ):
         super().__init__(message, param=param)
-        self.status, self.type, self.code = status, type_, code
+        self.status, self.type, self.code, self.headers = status, type_, code, headers
 
 
 def error_response(status: int, message: str, type_: str, param=None, code=None, headers=None):
@@ -22,7 +24,8 @@ def error_response(status: int, message: str, type_: str, param=None, code=None,
 
 def from_exception(exc: Exception) -> Response:
     if isinstance(exc, VtllmError):
-        return error_response(exc.status, str(exc), exc.type, exc.param, exc.code)
+        headers = getattr(exc, "headers", None)
+        return error_response(exc.status, str(exc), exc.type, exc.param, exc.code, headers)
     if isinstance(exc, msgspec.ValidationError):
         message = str(exc)
         param = message.rsplit("at `$.", 1)[1].rstrip("`") if "at `$." in message else None

@@ -3,6 +3,9 @@
 Hot path: keep it lean, put features in helpers (validate.py, responses.py).
 """
 
+import logging
+
+import anyio
 import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -10,9 +13,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from vtllm import __version__
 from vtllm.errors import VtllmError
 from vtllm.models.chat_template import render_chat
+from vtllm.scheduler.output import ERROR
 from vtllm.server import responses
+from vtllm.server.admission import admit
 from vtllm.server.generation import submit
-from vtllm.server.http_errors import HttpError, from_exception
+from vtllm.server.http_errors import HttpError, error_response, from_exception
 from vtllm.server.protocol import (
     chat_decoder,
     completion_decoder,
@@ -20,9 +25,10 @@ from vtllm.server.protocol import (
     encoder,
     tokenize_decoder,
 )
-from vtllm.server.sse import DONE, frame
+from vtllm.server.sse import DONE, PING, frame
 from vtllm.server.validate import chat_messages, completion_prompts, sampling_params
 
+log = logging.getLogger("vtllm.server")
 _LONG_TEXT = 20_000  # characters above which tokenizing moves off the event loop
 
 
@@ -61,6 +67,7 @@ async def _encode(state, text: str) -> list[int]:
 async def completions(request: Request) -> Response:
     state = request.app.state.vt
     try:
+        admit(state)
         req = await read_json(request, completion_decoder, state.config.max_body_bytes)
         _check_model(state, req.model)
         cfg = state.config
@@ -81,6 +88,7 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     state = request.app.state.vt
     try:
+        admit(state)
         req = await read_json(request, chat_decoder, state.config.max_body_bytes)
         _check_model(state, req.model)
         cfg = state.config
@@ -107,6 +115,11 @@ async def chat_completions(request: Request) -> Response:
     return await _gather(state, sub, shaper, request)
 
 
+def _error_frame(message: str) -> bytes:
+    body = {"message": message, "type": "internal_error", "param": None, "code": None}
+    return frame({"error": body})
+
+
 def _stream(state, sub, shaper) -> StreamingResponse:
     """SSE: starlette cancels this generator when the client goes away; `finally` then aborts
     the request in the engine, which frees its blocks."""
@@ -115,24 +128,22 @@ def _stream(state, sub, shaper) -> StreamingResponse:
         try:
             for chunk in shaper.opening():
                 yield frame(chunk)
-            async for choice, update in sub.updates():
+            async for choice, update in sub.updates(state.config.server_sse_ping_s):
+                if choice is None:
+                    yield PING
+                    continue
+                if update.finish_reason == ERROR:  # engine failure or shutdown deadline
+                    yield _error_frame(str(update.stop_reason or "the request failed"))
+                    continue
                 chunk = shaper.chunk(choice, update)
                 if chunk is not None:
                     yield frame(chunk)
             usage = shaper.usage_chunk()
             if usage is not None:
                 yield frame(usage)
-        except Exception as exc:  # after headers: one error frame, then [DONE]
-            yield frame(
-                {
-                    "error": {
-                        "message": str(exc),
-                        "type": "internal_error",
-                        "param": None,
-                        "code": None,
-                    }
-                }
-            )
+        except Exception:  # after headers: one well-formed error frame, then [DONE]
+            log.exception("stream %s failed", sub.id)
+            yield _error_frame("internal error while streaming")
         finally:
             sub.abort_unfinished(state.loop)
         yield DONE
@@ -142,11 +153,25 @@ def _stream(state, sub, shaper) -> StreamingResponse:
 
 
 async def _gather(state, sub, shaper, request: Request) -> Response:
-    try:
-        async for _choice, _update in sub.updates():
+    """Waits for every choice, racing a disconnect watcher that aborts the request."""
+
+    async def watch_disconnect(scope):
+        while (await request.receive())["type"] != "http.disconnect":
             pass
-    finally:
-        sub.abort_unfinished(state.loop)
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_disconnect, tg.cancel_scope)
+        try:
+            async for _choice, _update in sub.updates():
+                pass
+        finally:
+            sub.abort_unfinished(state.loop)
+        tg.cancel_scope.cancel()
+    failed = [c for c in sub.choices if c.total.finish_reason == ERROR]
+    if failed:
+        message = str(failed[0].total.stop_reason or "the request failed")
+        return error_response(500 if state.status == "ok" else 503, message, "internal_error")
     return Response(encoder.encode(shaper.final()), media_type="application/json")
 
 

@@ -1,0 +1,74 @@
+"""Admission control: a full queue answers 429 with a Retry-After from the drain rate, before
+the request is tokenized; API keys are checked on the path the router uses."""
+
+import hmac
+import math
+import time
+from collections import deque
+
+from vtllm.server.http_errors import HttpError, error_response
+
+
+class DrainRate:
+    """Requests finished per second over the last minute (samples of the loop's counter)."""
+
+    def __init__(self, window_s: float = 60.0):
+        self.window_s = window_s
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def retry_after(self, num_finished: int, num_waiting: int) -> int:
+        now = time.monotonic()
+        self.samples.append((now, num_finished))
+        while self.samples and now - self.samples[0][0] > self.window_s:
+            self.samples.popleft()
+        t0, n0 = self.samples[0]
+        rate = (num_finished - n0) / (now - t0) if now > t0 else 0.0
+        if rate <= 0:
+            return 5
+        return max(1, min(60, math.ceil(num_waiting / rate)))
+
+
+def admit(state) -> None:
+    """Raise 503 while not serving, 429 when the queue is full."""
+    if state.status != "ok":
+        raise HttpError(503, f"the server is {state.status}", type_="service_unavailable")
+    scheduler = state.loop.scheduler
+    if scheduler.num_waiting >= state.config.max_queued_requests:
+        seconds = state.drain.retry_after(state.loop.num_finished, scheduler.num_waiting)
+        raise HttpError(
+            429,
+            "too many requests are waiting; retry later",
+            type_="rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": str(seconds)},
+        )
+
+
+OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
+
+
+class ApiKeyMiddleware:
+    """Pure ASGI: checks `Authorization: Bearer KEY` in constant time on every path but the
+    open ones, using the same normalized path the router matches."""
+
+    def __init__(self, app, key: str):
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope, receive, send):
+        open_path = scope["path"].rstrip("/") in OPEN_PATHS
+        if scope["type"] != "http" or open_path or scope["method"] == "OPTIONS":  # CORS preflight
+            return await self.app(scope, receive, send)
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                given = value
+                break
+        scheme, _, token = given.partition(b" ")
+        ok = hmac.compare_digest(token.strip() if scheme.lower() == b"bearer" else b"", self.key)
+        if not ok:
+            response = error_response(
+                401, "invalid or missing API key", "authentication_error", code="invalid_api_key"
+            )
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)

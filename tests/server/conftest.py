@@ -71,7 +71,8 @@ def metrics(base: str) -> dict[str, float]:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            values[name.split("{")[0]] = float(value)
+            if "le=" not in name and "finished_reason=" not in name:
+                values[name.split("{")[0]] = float(value)
     return values
 
 

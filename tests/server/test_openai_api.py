@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import wait_idle
+from tests.server.conftest import metrics, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +119,20 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
                 break
     m = wait_idle(server)
     assert m["vt:kv_cache_used_blocks"] == 0 and m["vt:tracked_requests"] == 0
+
+
+def test_metrics_count_tokens_and_latencies(server):
+    before = metrics(server)
+    body = {"prompt": "Hello", "max_tokens": 7, "ignore_eos": True}
+    httpx.post(server + "/v1/completions", json=body, timeout=120)
+    after = metrics(server)
+    assert after["vt:generation_tokens_total"] - before["vt:generation_tokens_total"] == 7
+    assert after["vt:time_to_first_token_seconds_count"] == (
+        before["vt:time_to_first_token_seconds_count"] + 1
+    )
+    assert after["vt:inter_token_latency_seconds_count"] >= (
+        before["vt:inter_token_latency_seconds_count"] + 6
+    )
+    assert after["vt:e2e_request_latency_seconds_count"] == (
+        before["vt:e2e_request_latency_seconds_count"] + 1
+    )

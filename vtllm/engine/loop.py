@@ -84,10 +84,14 @@ class Tracked:
     mailbox: Mailbox
     key: object
     text: TextStream
+    added_at: float  # perf_counter at add(); the observer measures latencies from it
+    last_token_at: float = 0.0
 
 
 class StepLoop:
-    def __init__(self, scheduler, backend, tokenizer, *, async_depth: int, shadow_rate=0.0):
+    def __init__(
+        self, scheduler, backend, tokenizer, *, async_depth: int, shadow_rate=0.0, observer=None
+    ):
         self.scheduler = scheduler
         self.backend = backend
         self.tokenizer = tokenizer
@@ -100,6 +104,7 @@ class StepLoop:
         self.num_finished = 0
         self.host_seconds = 0.0  # scheduling and bookkeeping on the event-loop thread
         self.shadow = ShadowCheck(backend, shadow_rate)
+        self.observer = observer  # on_tokens(tracked, n, now), on_finish(tracked, update, now)
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
@@ -111,7 +116,7 @@ class StepLoop:
         self.scheduler.add_request(request)
         mailbox = Collector() if mailbox is None else mailbox
         text = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling)
-        self.tracked[request.request_id] = Tracked(request, mailbox, key, text)
+        self.tracked[request.request_id] = Tracked(request, mailbox, key, text, perf_counter())
         self._wake.set()
         return mailbox
 
@@ -201,6 +206,13 @@ class StepLoop:
                 if final is not None:
                     update.num_output_tokens = final.num_output_tokens
                     update.text += tracked.text.push([], final=True)
+            if self.observer is not None:
+                now = perf_counter()
+                if ids:
+                    self.observer.on_tokens(tracked, len(ids), now)
+                    tracked.last_token_at = now
+                if update.finished:
+                    self.observer.on_finish(tracked, update, now)
             if update.finished:
                 del self.tracked[delta.request_id]
                 self.num_finished += 1

@@ -16,23 +16,26 @@ from vtllm.config import EngineConfig
 from vtllm.engine.build import build_parts
 from vtllm.engine.loop import StepLoop
 from vtllm.server.app import ServerState, build_app
+from vtllm.server.metrics import MetricsObserver
 
 log = logging.getLogger("vtllm.server")
 
 
 def build_state(config: EngineConfig) -> ServerState:
     loaded, scheduler, backend, max_model_len = build_parts(config)
+    model_name = config.served_model_name or loaded.name
     loop = StepLoop(
         scheduler,
         backend,
         loaded.tokenizer,
         async_depth=config.async_depth,
         shadow_rate=config.shadow_check_rate,
+        observer=MetricsObserver(model_name),
     )
     return ServerState(
         loop=loop,
         tokenizer=loaded.tokenizer,
-        model_name=config.served_model_name or loaded.name,
+        model_name=model_name,
         vocab_size=loaded.config.vocab_size,
         max_model_len=max_model_len,
         config=config,

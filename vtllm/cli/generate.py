@@ -1,24 +1,17 @@
 """`python -m vtllm generate`: stream a completion to the terminal."""
 
-import logging
 import sys
 
 from tqdm import tqdm
 
-from vtllm import config
+from vtllm.cli import cli_settings
 from vtllm.scheduler.sampling_params import SamplingParams
 
 
 def load_llm(args, **overrides):
     from vtllm.llm import LLM
 
-    cli = {k.name: getattr(args, k.name, None) for k in config.KNOBS}
-    engine_config, _ = config.resolve(cli)
-    logging.basicConfig(
-        level=engine_config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    cli, _ = cli_settings(args)
     with tqdm(total=2, desc="loading model", file=sys.stderr, leave=False) as bar:
         llm = LLM(cli=cli, **overrides)
         bar.update(1)

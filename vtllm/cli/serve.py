@@ -1,23 +1,14 @@
 """`python -m vtllm serve`: load, warm up, then serve HTTP until SIGINT/SIGTERM."""
 
-import logging
-import sys
-
 import anyio
 
-from vtllm import config
+from vtllm.cli import cli_settings
 
 
 def run_serve(args) -> int:
     from vtllm.server.engine import build_state, serve
 
-    cli = {k.name: getattr(args, k.name, None) for k in config.KNOBS}
-    engine_config, _ = config.resolve(cli)
-    logging.basicConfig(
-        level=engine_config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    _, engine_config = cli_settings(args)
     state = build_state(engine_config)
     anyio.run(_warm_then_serve, state, serve)
     return 0

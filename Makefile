@@ -27,7 +27,9 @@ serve: venv
 
 test: venv
 	$(VENV)/bin/ruff check vtllm tests loadtest
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --ignore=tests/kernels_cuda
+	# The CUDA kernels under numba's simulator (it must be on before numba.cuda is imported).
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -m cudasim tests/kernels_cuda
 
 lint: venv
 	$(VENV)/bin/ruff format vtllm tests loadtest

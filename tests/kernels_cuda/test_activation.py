@@ -1,0 +1,28 @@
+"""silu_and_mul on the device vs the float64 reference."""
+
+import numpy as np
+import pytest
+
+from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
+from vtllm.kernels.cuda import silu_and_mul
+from vtllm.kernels.reference import silu_and_mul_ref
+
+pytestmark = pytest.mark.cudasim
+
+SHAPES = [(3, 22), (1, 2), (5, 300)] + ([] if SIMULATOR else [(64, 28672), (1, 2 * 8192)])
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_reference(rng, shape):
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    out = poisoned((shape[0], shape[1] // 2))
+    silu_and_mul(dev(x), out)
+    ref = silu_and_mul_ref(x)
+    np.testing.assert_allclose(host(out), ref, rtol=2e-6, atol=1e-7)
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match=r"\[T, 2I\]"):
+        silu_and_mul(dev(np.ones((2, 3), np.float32)), poisoned((2, 1)))
+    with pytest.raises(ValueError, match="out"):
+        silu_and_mul(dev(np.ones((2, 4), np.float32)), poisoned((2, 4)))

@@ -1,0 +1,98 @@
+"""write_kv and paged_attention on the device vs the float64 references: varlen causal prefill,
+a chunked prefill, decode, GQA, padding (slot -1, an empty sequence, rows past every sequence)."""
+
+import numpy as np
+import pytest
+
+from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
+from vtllm.kernels.cuda import paged_attention, write_kv
+from vtllm.kernels.reference import paged_attention_ref, write_kv_ref
+
+pytestmark = pytest.mark.cudasim
+
+# (Hq, Hk, D, block_size, [(new tokens, context) per sequence])
+CASES = [
+    (4, 2, 16, 4, [(5, 5), (3, 9), (1, 40), (0, 0)]),  # prefill, chunk, decode past 1 tile, pad
+    (2, 2, 40, 8, [(1, 1), (4, 11)]),  # D not a multiple of 32: 64 threads, idle columns
+]
+if not SIMULATOR:
+    CASES += [
+        (32, 8, 128, 16, [(1, 1000), (1, 17), (1, 4097), (200, 300)]),
+        (16, 16, 64, 32, [(64, 64), (1, 2500)]),
+    ]
+
+
+def build(rng, hk, d, bs, seqs, pad_rows=2):
+    """A random cache, block tables over a shuffled pool (-1 past each sequence's blocks), and
+    the new tokens' slots; T has pad_rows rows past every sequence."""
+    need = [(ctx + bs - 1) // bs for _, ctx in seqs]
+    num_blocks = sum(need) + 3
+    width = max(need + [1]) + 1
+    pool = rng.permutation(num_blocks).astype(np.int32)
+    tables = np.full((len(seqs), width), -1, np.int32)
+    slots, start = [], 0
+    for s, (n, ctx) in enumerate(seqs):
+        tables[s, : need[s]] = pool[start : start + need[s]]
+        start += need[s]
+        for pos in range(ctx - n, ctx):
+            slots.append(tables[s, pos // bs] * bs + pos % bs)
+    qsl = np.concatenate([[0], np.cumsum([n for n, _ in seqs])]).astype(np.int32)
+    seq_lens = np.array([ctx for _, ctx in seqs], np.int32)
+    shape = (num_blocks, bs, hk, d)
+    k_cache = rng.standard_normal(shape).astype(np.float32)
+    v_cache = rng.standard_normal(shape).astype(np.float32)
+    slots = np.array(slots + [-1] * pad_rows, np.int32)
+    return k_cache, v_cache, tables, seq_lens, qsl, slots
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"hq{c[0]}-hk{c[1]}-d{c[2]}-bs{c[3]}")
+def test_matches_reference(rng, case):
+    hq, hk, d, bs, seqs = case
+    k_cache, v_cache, tables, seq_lens, qsl, slots = build(rng, hk, d, bs, seqs)
+    t = slots.shape[0]
+    k = rng.standard_normal((t, hk, d)).astype(np.float32)
+    v = rng.standard_normal((t, hk, d)).astype(np.float32)
+    q = (rng.standard_normal((t, hq, d)) * 2).astype(np.float32)
+    kc, vc = dev(k_cache), dev(v_cache)
+    write_kv(dev(k), dev(v), kc, vc, dev(slots))
+    ref_kc, ref_vc = write_kv_ref(k, v, k_cache, v_cache, slots)
+    np.testing.assert_array_equal(host(kc), ref_kc)
+    np.testing.assert_array_equal(host(vc), ref_vc)
+
+    scale = d**-0.5
+    out = poisoned((t, hq, d))
+    paged_attention(dev(q), kc, vc, dev(tables), dev(seq_lens), dev(qsl), scale, out)
+    got = host(out)
+    ref = paged_attention_ref(q, ref_kc, ref_vc, tables, seq_lens, qsl, scale)
+    live = qsl[-1]
+    np.testing.assert_allclose(got[:live], ref[:live], rtol=0, atol=2e-5)
+    assert np.isnan(got[live:]).all(), "rows past every sequence must stay unwritten"
+
+
+def test_skips_inconsistent_sequences(rng):
+    """Metadata is on the device, so bad sequences are skipped (left unwritten), not raised."""
+    k_cache, v_cache, tables, seq_lens, qsl, _ = build(rng, 1, 8, 4, [(2, 6), (1, 3)], 0)
+    tables[1, 0] = 99  # a block outside the cache
+    q = rng.standard_normal((3, 1, 8)).astype(np.float32)
+    out = poisoned((3, 1, 8))
+    paged_attention(dev(q), dev(k_cache), dev(v_cache), dev(tables), dev(seq_lens), dev(qsl),
+                    0.3, out)  # fmt: skip
+    got = host(out)
+    ref = paged_attention_ref(q[:2], k_cache, v_cache, tables[:1], seq_lens[:1], qsl[:2], 0.3)
+    np.testing.assert_allclose(got[:2], ref[:2], atol=2e-5)
+    assert np.isnan(got[2]).all()
+
+
+def test_rejects_bad_shapes(rng):
+    q = dev(np.ones((2, 3, 8), np.float32))
+    cache = dev(np.ones((4, 4, 2, 8), np.float32))
+    meta = (
+        dev(np.zeros((1, 2), np.int32)),
+        dev(np.ones(1, np.int32)),
+        dev(np.array([0, 1], np.int32)),
+    )
+    with pytest.raises(ValueError, match="shapes do not match"):  # Hq % Hk != 0
+        paged_attention(q, cache, cache, *meta, 1.0, poisoned((2, 3, 8)))
+    with pytest.raises(ValueError, match="slot_mapping"):
+        write_kv(dev(np.ones((2, 2, 8), np.float32)), dev(np.ones((2, 2, 8), np.float32)),
+                 cache, cache, dev(np.zeros(3, np.int32)))  # fmt: skip

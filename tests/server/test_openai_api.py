@@ -136,3 +136,20 @@ def test_metrics_count_tokens_and_latencies(server):
     assert after["vt:e2e_request_latency_seconds_count"] == (
         before["vt:e2e_request_latency_seconds_count"] + 1
     )
+
+
+def test_streamed_logprob_offsets_continue_across_chunks(server):
+    body = {
+        "prompt": "The capital of France is",
+        "max_tokens": 6,
+        "logprobs": 0,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
+    whole = httpx.post(server + "/v1/completions", json=body, timeout=120).json()
+    with httpx.stream(
+        "POST", server + "/v1/completions", json={**body, "stream": True}, timeout=120
+    ) as r:
+        events = [e for e in _sse_events(r) if e != "[DONE]"]
+    offsets = [o for e in events for o in e["choices"][0]["logprobs"]["text_offset"]]
+    assert offsets == whole["choices"][0]["logprobs"]["text_offset"]

@@ -33,6 +33,10 @@ class _Shaper:
 
 
 class CompletionShaper(_Shaper):
+    def __init__(self, state, req, sub):
+        super().__init__(state, req, sub)
+        self.text_offset = [0] * len(sub.choices)  # per choice, across streamed chunks
+
     def opening(self):
         if not self.req.echo:
             return []
@@ -43,7 +47,8 @@ class CompletionShaper(_Shaper):
     def _echo(self, choice) -> str:
         return self.state.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False)
 
-    def _logprobs(self, update) -> CompletionLogprobs | None:
+    def _logprobs(self, update, index: int | None = None) -> CompletionLogprobs | None:
+        """`index` given (streaming): offsets continue from that choice's earlier chunks."""
         if self.req.logprobs is None:
             return None
         lps = update.logprobs
@@ -52,10 +57,12 @@ class CompletionShaper(_Shaper):
             {self._token(t): v for t, v in zip(lp.top_ids, lp.top_logprobs, strict=True)}
             for lp in lps
         ]
-        offsets, pos = [], 0
+        offsets, pos = [], 0 if index is None else self.text_offset[index]
         for t in tokens:
             offsets.append(pos)
             pos += len(t)
+        if index is not None:
+            self.text_offset[index] = pos
         return CompletionLogprobs(tokens, [lp.logprob for lp in lps], tops, offsets)
 
     def _response(self, choices, usage=None) -> CompletionResponse:
@@ -72,7 +79,7 @@ class CompletionShaper(_Shaper):
                     update.text,
                     update.finish_reason if update.finished else None,
                     update.stop_reason if update.finished else None,
-                    self._logprobs(update),
+                    self._logprobs(update, choice.index),
                 )
             ]
         )

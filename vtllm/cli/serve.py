@@ -18,6 +18,7 @@ async def _warm_then_serve(state, serve) -> None:
     from vtllm.scheduler.request import Request
     from vtllm.scheduler.sampling_params import SamplingParams
 
+    observer, state.loop.observer = state.loop.observer, None  # the warm-up is not traffic
     async with anyio.create_task_group() as tg:  # compile kernels before taking traffic
         await tg.start(state.loop.run)
         params = SamplingParams(max_tokens=2, logprobs=1, seed=0, top_p=0.9)
@@ -26,4 +27,5 @@ async def _warm_then_serve(state, serve) -> None:
             pass
         state.loop.stop()
     state.loop.stopping = False
+    state.loop.observer = observer
     await serve(state)

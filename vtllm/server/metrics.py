@@ -5,6 +5,7 @@ from the scheduler when scraped. Each server has its own registry.
 """
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -64,10 +65,8 @@ class MetricsObserver:
         self.kv_usage = gauge("vt:kv_cache_usage_perc", "share of KV blocks in use (0..1)")
         self.kv_used = gauge("vt:kv_cache_used_blocks", "KV blocks in use")
         self.tracked = gauge("vt:tracked_requests", "requests the step loop still serves")
-        self.preemptions = gauge("vt:num_preemptions", "preemptions so far")
-        self.prefix_queries = gauge("vt:prefix_cache_queries", "prompt tokens looked up")
-        self.prefix_hits = gauge("vt:prefix_cache_hits", "prompt tokens found in the cache")
-        self.steps = gauge("vt:num_steps", "engine steps launched")
+        self.state = None  # set by scrape(); the counters below read the scheduler then
+        registry.register(_SchedulerCounters(self))
         self.prompt_tokens = Counter(
             "vt:prompt_tokens", "prompt tokens of finished requests", labels, registry=registry
         ).labels(**self.labels)
@@ -124,11 +123,31 @@ class MetricsObserver:
         self.kv_used.set(scheduler.num_used_blocks)
         self.kv_usage.set(scheduler.num_used_blocks / max(pool.num_usable_blocks, 1))
         self.tracked.set(len(state.loop.tracked))
-        self.preemptions.set(scheduler.num_preemptions)
-        self.prefix_queries.set(pool.num_query_tokens)
-        self.prefix_hits.set(pool.num_hit_tokens)
-        self.steps.set(state.loop.num_steps)
+        self.state = state
         return generate_latest(self.registry)
+
+
+class _SchedulerCounters:
+    """Counters the scheduler keeps itself, exposed as Prometheus counters when scraped."""
+
+    def __init__(self, observer: MetricsObserver):
+        self.observer = observer
+
+    def collect(self):
+        state = self.observer.state
+        if state is None:
+            return
+        scheduler = state.loop.scheduler
+        values = {
+            "vt:num_preemptions": ("preemptions", scheduler.num_preemptions),
+            "vt:prefix_cache_queries": ("prompt tokens looked up", scheduler.pool.num_query_tokens),
+            "vt:prefix_cache_hits": ("prompt tokens found cached", scheduler.pool.num_hit_tokens),
+            "vt:num_steps": ("engine steps launched", state.loop.num_steps),
+        }
+        for name, (doc, value) in values.items():
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([state.model_name], value)
+            yield family
 
 
 async def metrics(request: Request) -> Response:

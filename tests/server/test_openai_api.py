@@ -153,3 +153,16 @@ def test_streamed_logprob_offsets_continue_across_chunks(server):
         events = [e for e in _sse_events(r) if e != "[DONE]"]
     offsets = [o for e in events for o in e["choices"][0]["logprobs"]["text_offset"]]
     assert offsets == whole["choices"][0]["logprobs"]["text_offset"]
+
+
+def test_seeded_text_equals_the_offline_api(server):
+    from vtllm import LLM, SamplingParams
+
+    prompt = "Write a short poem about the sea."
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
+    served = httpx.post(server + "/v1/completions", json=body, timeout=120).json()
+    llm = LLM(max_model_len=1024, kv_cache_memory=32 << 20)
+    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=1234)
+    offline = llm.generate(prompt, params)[0].outputs[0]
+    llm.backend.close()
+    assert served["choices"][0]["text"] == offline.text

@@ -116,10 +116,15 @@ class LLM:
 
     def _add(self, ids: list[int], params: SamplingParams):
         collectors = []
-        for child in range(params.n):
-            seed = None if params.seed is None else params.seed + child
-            request = Request(self.loop.new_request_id(), list(ids), params, seed=seed)
-            collectors.append((request.request_id, self.loop.add(request)))
+        try:
+            for child in range(params.n):
+                seed = None if params.seed is None else params.seed + child
+                request = Request(self.loop.new_request_id(), list(ids), params, seed=seed)
+                collectors.append((request.request_id, self.loop.add(request)))
+        except VtllmError:
+            for request_id, _ in collectors:
+                self.loop.abort(request_id)
+            raise
         return collectors
 
     async def _collect(self, index, text, ids, collectors, outputs, on_update):

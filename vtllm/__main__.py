@@ -47,6 +47,9 @@ def _build_parser() -> argparse.ArgumentParser:
     thr.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     thr.add_argument("--json", action="store_true")
 
+    kern = bench_sub.add_parser("kernels", help="CPU linear kernel GMAC/s at the model's shapes")
+    kern.add_argument("--json", action="store_true")
+
     cfg = sub.add_parser("config", help="print every knob, its value and where it came from")
     config.add_flags(cfg)
     cfg.add_argument("--markdown", action="store_true", help="print the README's knob table")

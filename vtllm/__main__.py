@@ -8,6 +8,7 @@ from vtllm.errors import VtllmError
 
 def _build_parser() -> argparse.ArgumentParser:
     from vtllm import config
+    from vtllm.models.synthetic import SHAPES
 
     parser = argparse.ArgumentParser(prog="vtllm", description="LLM inference with numba kernels")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +51,19 @@ def _build_parser() -> argparse.ArgumentParser:
     kern = bench_sub.add_parser("kernels", help="CPU linear kernel GMAC/s at the model's shapes")
     kern.add_argument("--json", action="store_true")
 
+    syn = sub.add_parser("synth", help="write an HF-format checkpoint with random weights")
+    syn.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    syn.add_argument("--out", required=True, help="directory to write")
+    syn.add_argument("--dtype", choices=("bf16", "f32"), default="bf16")
+    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument(
+        "--peaked",
+        action="store_true",
+        help="wide logit margins: greedy paths agree across engines",
+    )
+    syn.add_argument("--tie", action="store_true", help="tie the output head to the embedding")
+    syn.add_argument("--max-position-embeddings", type=int, default=8192)
+
     cfg = sub.add_parser("config", help="print every knob, its value and where it came from")
     config.add_flags(cfg)
     cfg.add_argument("--markdown", action="store_true", help="print the README's knob table")
@@ -72,6 +86,10 @@ def main(argv=None) -> int:
             from vtllm.cli.bench import run_bench
 
             return run_bench(args)
+        if args.command == "synth":
+            from vtllm.cli.synth import run_synth
+
+            return run_synth(args)
         if args.command == "config":
             from vtllm.cli.show_config import run_config
 

@@ -83,6 +83,8 @@ KNOBS = (
         1.0,
     ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
+    Knob("device", "str", "cpu", "where the model runs", choices=("cpu", "cuda")),
+    Knob("cuda_graphs", "bool", True, "replay decode steps as CUDA graphs (off: eager, to debug)"),
     Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),
     Knob("port", "int", 8000, "port the HTTP server binds", 0, 65535),
     Knob("max_body_bytes", "bytes", 4 << 20, "largest request body", 1024, 1 << 30),
@@ -131,6 +133,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     async_depth: int = 2
     shadow_check_rate: float = 0.0
     cpu_threads: int = 0
+    device: str = "cpu"
+    cuda_graphs: bool = True
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 4 << 20

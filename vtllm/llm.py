@@ -45,6 +45,10 @@ class LLM:
             shadow_rate=self.config.shadow_check_rate,
         )
 
+    def close(self) -> None:
+        """Releases the backend (its worker thread; on a GPU, the graphs)."""
+        self.backend.close()
+
     def warm_up(self) -> None:
         """Compiles (or loads from cache) every kernel on a short generation."""
         self.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))

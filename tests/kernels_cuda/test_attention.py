@@ -6,6 +6,7 @@ import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
 from vtllm.kernels.cuda import paged_attention, write_kv
+from vtllm.kernels.cuda.attention_split import make_scratch
 from vtllm.kernels.reference import paged_attention_ref, write_kv_ref
 
 pytestmark = pytest.mark.cudasim
@@ -45,8 +46,9 @@ def build(rng, hk, d, bs, seqs, pad_rows=2):
     return k_cache, v_cache, tables, seq_lens, qsl, slots
 
 
+@pytest.mark.parametrize("path", ["whole-row", "split", "split-scratch"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"hq{c[0]}-hk{c[1]}-d{c[2]}-bs{c[3]}")
-def test_matches_reference(rng, case):
+def test_matches_reference(rng, case, path):
     hq, hk, d, bs, seqs = case
     k_cache, v_cache, tables, seq_lens, qsl, slots = build(rng, hk, d, bs, seqs)
     t = slots.shape[0]
@@ -60,13 +62,21 @@ def test_matches_reference(rng, case):
     np.testing.assert_array_equal(host(vc), ref_vc)
 
     scale = d**-0.5
-    out = poisoned((t, hq, d))
-    paged_attention(dev(q), kc, vc, dev(tables), dev(seq_lens), dev(qsl), scale, out)
-    got = host(out)
+
+    def run(**kw):
+        out = poisoned((t, hq, d))
+        paged_attention(dev(q), kc, vc, dev(tables), dev(seq_lens), dev(qsl), scale, out, **kw)
+        return host(out)
+
+    scratch = make_scratch(t + 1, hq, d, int(seq_lens.max()) + 1)
+    kw = {"whole-row": {"split": False}, "split": {}, "split-scratch": {"scratch": scratch}}
+    got = run(**kw[path])
     ref = paged_attention_ref(q, ref_kc, ref_vc, tables, seq_lens, qsl, scale)
     live = qsl[-1]
     np.testing.assert_allclose(got[:live], ref[:live], rtol=0, atol=2e-5)
     assert np.isnan(got[live:]).all(), "rows past every sequence must stay unwritten"
+    if path == "split-scratch":  # one block per split or one per row: the same bits
+        np.testing.assert_array_equal(got, run())
 
 
 def test_skips_inconsistent_sequences(rng):

@@ -5,6 +5,7 @@ import os
 import time
 
 from vtllm.config import EngineConfig
+from vtllm.errors import InvalidParameter
 from vtllm.executor.backend import CpuBackend
 from vtllm.executor.kv_cache import allocate_kv_cache, free_host_memory, num_kv_blocks
 from vtllm.executor.runner import ModelRunner
@@ -26,24 +27,14 @@ def set_cpu_threads(requested: int) -> int:
 
 def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
     """Returns (loaded model, scheduler, backend, max_model_len)."""
-    from vtllm.kernels import cpu as ops
-
     started = time.perf_counter()
-    threads = set_cpu_threads(config.cpu_threads)
     loaded = loaded or load_model(config.model)
     mc = loaded.config
     max_model_len = min(config.max_model_len, mc.max_position_embeddings)
-    num_blocks = num_kv_blocks(
-        mc,
-        block_size=config.block_size,
-        budget_bytes=config.kv_cache_memory,
-        fraction=config.kv_cache_fraction,
-        free_bytes=free_host_memory(),
-    )
-    kv = allocate_kv_cache(mc, num_blocks, config.block_size)
-    runner = ModelRunner(
-        loaded, ops, kv, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len
-    )
+    if config.device == "cuda":
+        backend, num_blocks = _cuda_backend(config, loaded, max_model_len)
+    else:
+        backend, num_blocks = _cpu_backend(config, loaded, max_model_len)
     scheduler = Scheduler(
         SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
@@ -61,4 +52,59 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
         loaded.weights.nbytes / (1 << 20),
         time.perf_counter() - started,
     )
-    return loaded, scheduler, CpuBackend(runner, threads=threads), max_model_len
+    return loaded, scheduler, backend, max_model_len
+
+
+def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
+    from vtllm.kernels import cpu as ops
+
+    threads = set_cpu_threads(config.cpu_threads)
+    num_blocks = num_kv_blocks(
+        loaded.config,
+        block_size=config.block_size,
+        budget_bytes=config.kv_cache_memory,
+        fraction=config.kv_cache_fraction,
+        free_bytes=free_host_memory(),
+    )
+    kv = allocate_kv_cache(loaded.config, num_blocks, config.block_size)
+    runner = ModelRunner(
+        loaded, ops, kv, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len
+    )
+    return CpuBackend(runner, threads=threads), num_blocks
+
+
+def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
+    from vtllm.executor.cuda_backend import CudaBackend
+    from vtllm.executor.cuda_runner import CudaModelRunner
+
+    if config.shadow_check_rate > 0:
+        raise InvalidParameter(
+            "shadow checks run on the CPU backend only", param="shadow_check_rate"
+        )
+
+    def make_runner():
+        started = time.perf_counter()
+        runner = CudaModelRunner(
+            loaded,
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
+            kv_cache_memory=config.kv_cache_memory,
+            kv_cache_fraction=config.kv_cache_fraction,
+            use_graphs=config.cuda_graphs,
+        )
+        if config.cuda_graphs:
+            from tqdm import tqdm
+
+            with tqdm(total=len(runner.buckets), desc="CUDA graphs", leave=False) as bar:
+                runner.capture_all(progress=lambda _bucket: bar.update(1))
+            log.info(
+                "CUDA graphs captured for decode batches %s in %.1fs",
+                runner.buckets,
+                time.perf_counter() - started,
+            )
+        return runner
+
+    backend = CudaBackend(make_runner)
+    return backend, backend.runner.num_blocks

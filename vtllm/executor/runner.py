@@ -7,6 +7,7 @@ a token the host has not seen yet (depth 2). Hot path: keep it lean, put feature
 
 import numpy as np
 
+from vtllm.executor.step_layout import flatten_chunks, seat_sampling
 from vtllm.models.llama import ForwardBatch, KVCache, LlamaModel
 from vtllm.models.loader import LoadedModel
 from vtllm.scheduler.plan import SampledToken, StepPlan, StepResult, TokenLogprobs
@@ -52,24 +53,7 @@ class ModelRunner:
             self.num_prompt_logprobs[slot] = seat.sampling.prompt_logprobs or 0
             self.block_tables[slot, : len(seat.block_ids)] = seat.block_ids
             self.num_slot_blocks[slot] = len(seat.block_ids)
-            sp = seat.sampling
-            stops = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos))
-            self.sampling.set_slot(
-                slot,
-                temperature=sp.temperature,
-                top_k=sp.top_k,
-                top_p=sp.top_p,
-                min_p=sp.min_p,
-                seed=seat.seed,
-                presence_penalty=sp.presence_penalty,
-                frequency_penalty=sp.frequency_penalty,
-                repetition_penalty=sp.repetition_penalty,
-                min_tokens=sp.min_tokens,
-                num_logprobs=-1 if sp.logprobs is None else sp.logprobs,
-                prompt_len=seat.prompt_len,
-                logit_bias=sp.logit_bias,
-                min_stop_ids=stops,
-            )
+            seat_sampling(self.sampling, seat, eos)
         for chunk in plan.chunks:
             if chunk.new_block_ids:
                 start = self.num_slot_blocks[chunk.slot]
@@ -78,40 +62,17 @@ class ModelRunner:
                 self.num_slot_blocks[chunk.slot] = end
 
     def _batch(self, plan: StepPlan) -> tuple[ForwardBatch, list[int], list[int]]:
-        chunks = plan.chunks
-        counts = np.fromiter((c.num_tokens for c in chunks), np.int32, len(chunks))
-        starts = np.fromiter((c.start for c in chunks), np.int32, len(chunks))
-        slots = np.fromiter((c.slot for c in chunks), np.int32, len(chunks))
-        qsl = np.zeros(len(chunks) + 1, np.int32)
-        np.cumsum(counts, out=qsl[1:])
-        total = int(qsl[-1])
-        # Per token: its sequence, and its position = chunk start + offset inside the chunk.
-        seq_of = np.repeat(np.arange(len(chunks), dtype=np.int32), counts)
-        positions = (np.arange(total, dtype=np.int32) - qsl[seq_of] + starts[seq_of]).astype(
-            np.int32
-        )
-        token_slots = slots[seq_of]
-        input_ids = self.token_ids[token_slots, positions]
-        block_ids = self.block_tables[token_slots, positions // self.block_size]
-        slot_mapping = (block_ids * self.block_size + positions % self.block_size).astype(np.int32)
-        logits_rows, sample_rows = [], []
-        for i, c in enumerate(chunks):
-            if c.prompt_logprobs:
-                logits_rows.extend(range(qsl[i], qsl[i + 1]))
-            elif c.sample:
-                logits_rows.append(qsl[i + 1] - 1)
-            if c.sample:
-                sample_rows.append(len(logits_rows) - 1)
+        flat = flatten_chunks(plan.chunks, self.block_tables, self.block_size)
         batch = ForwardBatch(
-            input_ids=np.ascontiguousarray(input_ids, np.int32),
-            positions=positions,
-            slot_mapping=slot_mapping,
-            query_start_loc=qsl,
-            seq_lens=(starts + counts).astype(np.int32),
-            block_tables=np.ascontiguousarray(self.block_tables[slots]),
-            logits_rows=np.asarray(logits_rows, np.int32),
+            input_ids=np.ascontiguousarray(self.token_ids[flat.token_slots, flat.positions]),
+            positions=flat.positions,
+            slot_mapping=flat.slot_mapping,
+            query_start_loc=flat.query_start_loc,
+            seq_lens=flat.seq_lens,
+            block_tables=np.ascontiguousarray(self.block_tables[flat.slots]),
+            logits_rows=flat.logits_rows,
         )
-        return batch, sample_rows, logits_rows
+        return batch, flat.sample_rows, flat.logits_rows.tolist()
 
     # -- one step ----------------------------------------------------------------------------
     def compute_logits(self, plan: StepPlan):

@@ -66,45 +66,60 @@ def hf_config(shape: str, *, max_position_embeddings: int = 4096, tie: bool = Fa
     }
 
 
-def random_weights(config: dict, *, seed: int = 0, peaked: bool = False) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
+def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, kind) of every tensor, in file order; kind picks the random law."""
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads, dim = (
         config[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")
     )
     vocab = config["vocab_size"]
-
-    def mat(rows, cols):
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    tensors = {"model.embed_tokens.weight": rng.standard_normal((vocab, hidden)).astype(np.float32)}
+    specs = [("model.embed_tokens.weight", (vocab, hidden), "embed")]
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        tensors[p + "input_layernorm.weight"] = norm(hidden)
-        tensors[p + "post_attention_layernorm.weight"] = norm(hidden)
-        tensors[p + "self_attn.q_proj.weight"] = mat(heads * dim, hidden)
-        tensors[p + "self_attn.k_proj.weight"] = mat(kv_heads * dim, hidden)
-        tensors[p + "self_attn.v_proj.weight"] = mat(kv_heads * dim, hidden)
-        tensors[p + "self_attn.o_proj.weight"] = mat(hidden, heads * dim)
+        specs += [
+            (p + "input_layernorm.weight", (hidden,), "norm"),
+            (p + "post_attention_layernorm.weight", (hidden,), "norm"),
+            (p + "self_attn.q_proj.weight", (heads * dim, hidden), "mat"),
+            (p + "self_attn.k_proj.weight", (kv_heads * dim, hidden), "mat"),
+            (p + "self_attn.v_proj.weight", (kv_heads * dim, hidden), "mat"),
+            (p + "self_attn.o_proj.weight", (hidden, heads * dim), "mat"),
+        ]
         if config["model_type"] == "qwen2":
             for name, n in (("q", heads * dim), ("k", kv_heads * dim), ("v", kv_heads * dim)):
-                tensors[p + f"self_attn.{name}_proj.bias"] = (0.1 * rng.standard_normal(n)).astype(
-                    np.float32
-                )
+                specs.append((p + f"self_attn.{name}_proj.bias", (n,), "bias"))
         if config["model_type"] == "qwen3":
-            tensors[p + "self_attn.q_norm.weight"] = norm(dim)
-            tensors[p + "self_attn.k_norm.weight"] = norm(dim)
-        tensors[p + "mlp.gate_proj.weight"] = mat(inter, hidden)
-        tensors[p + "mlp.up_proj.weight"] = mat(inter, hidden)
-        tensors[p + "mlp.down_proj.weight"] = mat(hidden, inter)
-    tensors["model.norm.weight"] = norm(hidden)
+            specs.append((p + "self_attn.q_norm.weight", (dim,), "norm"))
+            specs.append((p + "self_attn.k_norm.weight", (dim,), "norm"))
+        specs += [
+            (p + "mlp.gate_proj.weight", (inter, hidden), "mat"),
+            (p + "mlp.up_proj.weight", (inter, hidden), "mat"),
+            (p + "mlp.down_proj.weight", (hidden, inter), "mat"),
+        ]
+    specs.append(("model.norm.weight", (hidden,), "norm"))
     if not config["tie_word_embeddings"]:
-        head = mat(vocab, hidden)
-        tensors["lm_head.weight"] = head * (8.0 if peaked else 1.0)
-    return tensors
+        specs.append(("lm_head.weight", (vocab, hidden), "head"))
+    return specs
+
+
+def _draw(rng, kind: str, shape, *, peaked: bool, dtype=np.float64) -> np.ndarray:
+    if kind == "norm":
+        return (1.0 + 0.1 * rng.standard_normal(shape, dtype)).astype(np.float32)
+    if kind == "bias":
+        return (0.1 * rng.standard_normal(shape, dtype)).astype(np.float32)
+    x = rng.standard_normal(shape, dtype)
+    if kind == "embed":
+        return x.astype(np.float32)
+    x *= (8.0 if peaked and kind == "head" else 1.0) / np.sqrt(shape[1])
+    return x.astype(np.float32)
+
+
+def random_weights(config: dict, *, seed: int = 0, peaked: bool = False) -> dict[str, np.ndarray]:
+    """Every tensor in memory (float32). Embeddings N(0, 1), matrices N(0, 1/cols), norms
+    1 + N(0, 0.01); `peaked` scales the untied output head by 8."""
+    rng = np.random.default_rng(seed)
+    return {
+        name: _draw(rng, kind, shape, peaked=peaked) for name, shape, kind in tensor_specs(config)
+    }
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -133,6 +148,33 @@ def save_safetensors(path: Path, tensors: dict[str, np.ndarray], *, bf16: bool =
         f.write(meta)
         for raw in blobs:
             f.write(raw)
+
+
+def write_random_safetensors(
+    path: Path, config: dict, *, seed: int, peaked: bool, bf16: bool
+) -> None:
+    """random_weights' laws, drawn in float32 and written one tensor at a time, so a real-size
+    checkpoint (Llama-3.1-8B: 16 GB in bf16) never sits in memory whole."""
+    specs = tensor_specs(config)
+    itemsize = 2 if bf16 else 4
+    header, offset = {}, 0
+    for name, shape, _ in specs:
+        size = int(np.prod(shape)) * itemsize
+        header[name] = {
+            "dtype": "BF16" if bf16 else "F32",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    meta = json.dumps(header).encode()
+    meta += b" " * (-len(meta) % 8)
+    rng = np.random.default_rng(seed)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(meta)))
+        f.write(meta)
+        for _name, shape, kind in specs:
+            x = _draw(rng, kind, shape, peaked=peaked, dtype=np.float32)
+            f.write((to_bf16_bits(x) if bf16 else x).tobytes())
 
 
 def byte_tokenizer_json(vocab_size: int) -> dict:
@@ -166,9 +208,7 @@ def write_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     config = hf_config(shape, max_position_embeddings=max_position_embeddings, tie=tie)
     config["torch_dtype"] = "bfloat16" if bf16 else "float32"
-    save_safetensors(
-        out / "model.safetensors", random_weights(config, seed=seed, peaked=peaked), bf16=bf16
-    )
+    write_random_safetensors(out / "model.safetensors", config, seed=seed, peaked=peaked, bf16=bf16)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json(config["vocab_size"])))
     (out / "tokenizer_config.json").write_text(

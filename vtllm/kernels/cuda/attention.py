@@ -169,14 +169,19 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, stream=0) -> None:
 
 
 def paged_attention(
-    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, *, stream=0
-) -> None:
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, *, scratch=None,
+    split=True, stream=0,
+) -> None:  # fmt: skip
     """Causal attention of q [T, Hq, D] over the paged cache; out [T, Hq, D]. Device arrays.
 
     Sequence s owns rows query_start_loc[s]:query_start_loc[s+1] of q; its query i sits at
     position seq_lens[s] - n_s + i (seq_lens counts the new tokens, already in the cache) and
     attends to positions 0..itself through block_tables[s]. Query head h reads kv head
     h // (Hq // Hk). Rows of q outside every sequence are left unwritten in out.
+
+    Where head_dim <= 128 and Hq / Hk <= 8 (and unless split=False), the split-key kernels of
+    attention_split run it; `scratch` (attention_split.make_scratch) lets decode-sized batches
+    spread each row over many blocks. Either way a row's result is the same bits.
     """
     check("paged_attention", "q", q, np.float32, 3)
     check("paged_attention", "out", out, np.float32, 3)
@@ -199,6 +204,13 @@ def paged_attention(
     if d > MAX_THREADS:
         raise ValueError(f"paged_attention: head_dim {d} > {MAX_THREADS} is not supported")
     if s == 0 or t == 0:
+        return
+    from vtllm.kernels.cuda import attention_split
+
+    if split and attention_split.supports(hq, k_cache.shape[2], d):
+        meta = (block_tables, seq_lens, query_start_loc)
+        attention_split.split_attention(q, k_cache, v_cache, *meta, scale, out, scratch,
+                                        stream=stream)  # fmt: skip
         return
     threads = max(32, -(-d // 32) * 32)
     _paged_attention_kernel[(t, hq), threads, stream](

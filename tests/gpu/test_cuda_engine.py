@@ -1,0 +1,128 @@
+"""The CUDA backend end to end: the depth-2 law on the GPU, graphs on and off, and agreement
+with the CPU backend on checkpoints whose greedy paths are stable (peaked logits)."""
+
+import anyio
+import numpy as np
+import pytest
+
+from tests.engine.test_depth2_law import _assert_same, _serve, _workload
+from tests.models.runner_util import teacher_forced_logits
+from vtllm.config import resolve
+from vtllm.engine.build import build_parts
+from vtllm.engine.loop import StepLoop
+from vtllm.models.loader import load_model
+from vtllm.models.synthetic import write_checkpoint
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return load_model(write_checkpoint(tmp_path_factory.mktemp("law"), "tiny", seed=7))
+
+
+def _run(loaded, work, *, device: str, depth: int, graphs: bool = True):
+    config, _ = resolve(
+        device=device,
+        cuda_graphs=graphs,
+        async_depth=depth,
+        kv_cache_memory=30 * 2048,  # as in the CPU law: forces preemptions
+        block_size=4,
+        max_num_seqs=16,
+        max_num_batched_tokens=64,
+        max_model_len=128,
+    )
+    _, scheduler, backend, _ = build_parts(config, loaded)
+    try:
+        loop = StepLoop(scheduler, backend, loaded.tokenizer, async_depth=depth)
+        results = anyio.run(_serve, loop, work)
+        scheduler.check_invariants()
+        assert scheduler.num_used_blocks == 0 and not scheduler.requests
+    finally:
+        backend.close()
+    return results, scheduler.num_preemptions
+
+
+def _sampler_has(params) -> bool:
+    return (
+        params.top_k in (0, -1) and params.top_p == 1.0 and params.min_p == 0.0
+        and not params.logit_bias and params.logprobs is None and params.min_tokens == 0
+        and params.repetition_penalty == 1.0 and not params.presence_penalty
+        and not params.frequency_penalty
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def workload(tiny):
+    return [w for w in _workload(tiny.config.vocab_size, seed=11) if _sampler_has(w[2])]
+
+
+@pytest.fixture(scope="module")
+def gpu_sync(tiny, workload):
+    return _run(tiny, workload, device="cuda", depth=1, graphs=False)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_depth2_equals_depth1_on_gpu(tiny, workload, gpu_sync, graphs):
+    sync, preempt1 = gpu_sync
+    overlapped, preempt2 = _run(tiny, workload, device="cuda", depth=2, graphs=graphs)
+    assert preempt1 + preempt2 > 0, "the KV budget should force preemptions"
+    _assert_same(workload, sync, overlapped)
+
+
+@pytest.mark.parametrize("shape", ["tiny", "tiny-qwen3", "tiny-qwen2"])
+def test_greedy_matches_cpu_on_peaked_checkpoints(tmp_path, shape):
+    loaded = load_model(write_checkpoint(tmp_path / shape, shape, seed=3, peaked=True, bf16=True))
+    rng = np.random.default_rng(0)
+    work = []
+    for i in range(12):
+        from vtllm.scheduler.sampling_params import SamplingParams
+
+        prompt = rng.integers(3, loaded.config.vocab_size, int(rng.integers(1, 40))).tolist()
+        work.append((f"g{i}", prompt, SamplingParams(max_tokens=32, temperature=0.0,
+                                                     ignore_eos=True), None))  # fmt: skip
+    cpu, _ = _run(loaded, work, device="cpu", depth=1)
+    gpu, _ = _run(loaded, work, device="cuda", depth=2)
+    _assert_same(work, cpu, gpu)
+
+
+def _gpu_vs_cpu(loaded, ids):
+    from tests.models.runner_util import make_runner
+    from vtllm.executor.cuda_runner import CudaModelRunner
+
+    cpu = teacher_forced_logits(make_runner(loaded), ids, [len(ids)])
+    runner = CudaModelRunner(loaded, block_size=4, max_num_seqs=4, max_model_len=256,
+                             max_num_batched_tokens=256, kv_cache_memory=64 << 20,
+                             kv_cache_fraction=0.0, use_graphs=False)  # fmt: skip
+    gpu = teacher_forced_logits(runner, ids, [5, len(ids) - 5])
+    scale = np.abs(cpu).max(axis=1, keepdims=True)
+    rel = np.abs(gpu - cpu).max(axis=1, keepdims=True) / scale
+    print(f"max relative logit difference {rel.max():.2e}")
+    assert rel.max() < 1e-3
+    top2 = np.sort(cpu, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 1e-3 * scale[:, 0]
+    assert (gpu.argmax(1) == cpu.argmax(1))[clear].all()
+
+
+@pytest.mark.parametrize("qtype", ["F16", "Q4_0", "Q4_1", "Q8_0"])
+def test_teacher_forced_gguf_gpu_vs_cpu(tmp_path, qtype):
+    """GGUF weights (tied embedding, quantized linears) on the GPU against the CPU backend,
+    teacher-forced: the same weights and float32 math in another summation order."""
+    from tests.models.test_gguf_loader import write_tiny_gguf
+    from vtllm.kernels import QType
+
+    path, _ = write_tiny_gguf(tmp_path, QType[qtype])
+    loaded = load_model(path)
+    ids = np.random.default_rng(1).integers(3, loaded.config.vocab_size, 40).tolist()
+    _gpu_vs_cpu(loaded, ids)
+
+
+def test_teacher_forced_default_model_gpu_vs_cpu():
+    from vtllm.errors import ModelLoadError
+
+    try:
+        loaded = load_model()
+    except ModelLoadError as e:
+        pytest.skip(f"default model not installed here: {e}")
+    ids = loaded.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
+    _gpu_vs_cpu(loaded, ids)

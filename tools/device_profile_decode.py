@@ -1,0 +1,125 @@
+# ruff: noqa: E501
+"""Where a decode step's time goes on the GPU: the whole step's graph, each op alone, and the
+host. Run on the GPU machine from the repo root (after .device/bootstrap.sh):
+    python3 tools/device_profile_decode.py CHECKPOINT_DIR [--batch 1]
+Each GPU figure is a CUDA graph of 20 back-to-back launches replayed 5 times, median per
+launch, so Python launch overhead is not in it. Host figures time the runner's own calls."""
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+from numba import cuda
+
+from vtllm.executor.cuda_graphs import CudaGraph
+from vtllm.executor.cuda_runner import CudaModelRunner
+from vtllm.kernels import cuda as ops
+from vtllm.kernels.cuda.qkv_rope import qkv_rope
+from vtllm.models.loader import load_model
+from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan
+from vtllm.scheduler.sampling_params import SamplingParams
+
+
+def gpu_us(stream, fn, reps=20, rounds=5, *, capture=True) -> float:
+    """Median GPU time of fn's launches; capture=False for fn that is itself a graph replay
+    (graphs cannot be launched into a capture; their launches are cheap enough to time)."""
+    fn()
+    stream.synchronize()
+    graph = CudaGraph(stream, lambda: [fn() for _ in range(reps)]) if capture else None
+    times = []
+    for _ in range(rounds):
+        a, b = cuda.event(), cuda.event()
+        a.record(stream)
+        if graph is None:
+            for _ in range(reps):
+                fn()
+        else:
+            graph.replay()
+        b.record(stream)
+        b.synchronize()
+        times.append(cuda.event_elapsed_time(a, b) * 1e3 / reps)
+    if graph is not None:
+        graph.close()
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=512)
+    args = p.parse_args()
+    loaded = load_model(args.model)
+    c = loaded.config
+    B, ctx = args.batch, args.context
+    runner = CudaModelRunner(loaded, block_size=16, max_num_seqs=max(8, B), max_model_len=4096,
+                             max_num_batched_tokens=max(2048, B * ctx), kv_cache_memory=4 << 30,
+                             kv_cache_fraction=0.0, use_graphs=True)  # fmt: skip
+    # B requests with ctx tokens each, prefilled, then decode steps
+    per = -(-(ctx + 200) // 16)
+    plan = StepPlan(0, [SeatedRequest(i, list(range(3, 3 + ctx)), ctx,
+                                      SamplingParams(temperature=0.0), 0,
+                                      list(range(i * per, (i + 1) * per))) for i in range(B)],
+                    [Chunk(i, 0, ctx, [], sample=True) for i in range(B)], [])  # fmt: skip
+    runner.execute(plan)
+    step = [1]
+
+    def decode_plan():
+        n = ctx + step[0]
+        step[0] += 1
+        return StepPlan(step[0], [], [Chunk(i, n - 1, 1, [], sample=True) for i in range(B)], [])
+
+    for _ in range(3):
+        runner.execute(decode_plan())
+    host = []
+    for _ in range(50):
+        t0 = time.perf_counter()
+        pending = runner.launch(decode_plan())
+        host.append(time.perf_counter() - t0)
+        runner.finish(pending)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        runner.execute(decode_plan())
+    sync_step = (time.perf_counter() - t0) / 50
+    bucket = next(b for b in runner.buckets if b >= B)
+    graph = runner.graphs[bucket]
+    s = runner.stream
+    whole = gpu_us(s, graph.replay, reps=10, capture=False)
+    print(f"model {c.num_layers} layers hidden {c.hidden_size} vocab {c.vocab_size}; batch {B} "
+          f"context {ctx}; graph nodes {graph.num_nodes}")  # fmt: skip
+    print(f"decode step graph (GPU): {whole:8.1f} us")
+    print(f"host launch() median:    {1e6 * statistics.median(host):8.1f} us")
+    print(f"synchronous step:        {1e6 * sync_step:8.1f} us")
+
+    m = runner.model
+    lay = m.layers[0]
+    x, qkv, h = m.x[:B], m.qkv[:B], m.h[:B]
+    rng = np.random.default_rng(0)
+    x.copy_to_device(rng.standard_normal(x.shape).astype(np.float32))
+    n = c.num_layers
+    views = runner._layout(bucket, bucket, bucket, bucket)[1]
+    inp = runner._inputs(views)
+    rows = [
+        ("rms_norm (+residual)", 2 * n, lambda: ops.rms_norm(h, lay.ffn_norm, 1e-6, x, residual=m.residual[:B], stream=s)),
+        ("linear qkv", n, lambda: ops.linear(x, lay.qkv.data, lay.qkv.qtype, qkv, stream=s)),
+        ("linear o", n, lambda: ops.linear(m.attn[:B].reshape(B, c.q_size), lay.o.data, lay.o.qtype, h, stream=s)),
+        ("linear gate_up", n, lambda: ops.linear(x, lay.gate_up.data, lay.gate_up.qtype, m.gate_up[:B], stream=s)),
+        ("linear down", n, lambda: ops.linear(m.act[:B], lay.down.data, lay.down.qtype, h, stream=s)),
+        ("silu_and_mul", n, lambda: ops.silu_and_mul(m.gate_up[:B], m.act[:B], stream=s)),
+        ("qkv_rope (+q/k norm)", n, lambda: qkv_rope(qkv, m.q[:B], m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)),
+        ("paged_attention", n, lambda: ops.paged_attention(m.q[:B], m.kv_k[0], m.kv_v[0], inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], scratch=m.attn_scratch, stream=s)),
+        ("lm_head", 1, lambda: ops.linear(m.final[:B], m.lm_head.data, m.lm_head.qtype, m.logits[:B], stream=s)),
+        ("sample (greedy)", 1, lambda: runner._sample(m.logits[:B], views, B)),
+    ]  # fmt: skip
+    total = 0.0
+    print(f"{'op':24s} {'us each':>9s} {'per step':>9s} {'x':>4s}")
+    for name, count, fn in rows:
+        us = gpu_us(s, fn)
+        total += us * count
+        print(f"{name:24s} {us:9.1f} {us * count:9.1f} {count:4d}")
+    print(f"{'sum of ops':24s} {'':9s} {total:9.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""The Llama-family forward on the GPU over static device buffers. Hot path: keep it lean.
+
+Same math as models.llama.LlamaModel (which runs on host arrays and may allocate per step);
+here every buffer is allocated once, at the largest step, and a step uses leading views of
+them, so a decode step can be captured into a CUDA graph and replayed: nothing allocates,
+every pointer stays put. Weights are uploaded once; q/k/v and gate/up are fused on upload.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from vtllm.kernels import cuda as ops
+from vtllm.kernels.cuda.attention_split import make_scratch
+from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
+from vtllm.kernels.cuda.qkv_rope import qkv_rope
+from vtllm.models.config import ModelConfig
+from vtllm.models.llama import rope_table
+from vtllm.models.weights import ModelWeights, Weight, concat_rows
+
+
+@dataclass(slots=True)
+class DeviceWeight:
+    data: object  # device array, layout per QType
+    qtype: int
+
+
+@dataclass(slots=True)
+class DeviceLayer:
+    attn_norm: object
+    qkv: DeviceWeight
+    qkv_bias: object | None
+    q_norm: object | None
+    k_norm: object | None
+    o: DeviceWeight
+    ffn_norm: object
+    gate_up: DeviceWeight
+    down: DeviceWeight
+
+
+def _fused(parts: list[Weight], what: str) -> Weight:
+    if len(parts) == 1:
+        return parts[0]
+    if len({w.qtype for w in parts}) != 1:
+        raise ValueError(f"the CUDA backend needs one storage type for {what}, got mixed types")
+    return concat_rows(parts)
+
+
+def upload_weights(weights: ModelWeights, stream) -> tuple[list[DeviceLayer], dict]:
+    def w(x: Weight) -> DeviceWeight:
+        return DeviceWeight(cuda.to_device(np.ascontiguousarray(x.data), stream=stream), x.qtype)
+
+    def vec(a):
+        return None if a is None else cuda.to_device(np.ascontiguousarray(a, np.float32), stream)
+
+    layers = [
+        DeviceLayer(
+            attn_norm=vec(layer.attn_norm),
+            qkv=w(_fused(layer.qkv, "q/k/v")),
+            qkv_bias=vec(layer.qkv_bias),
+            q_norm=vec(layer.q_norm),
+            k_norm=vec(layer.k_norm),
+            o=w(layer.o),
+            ffn_norm=vec(layer.ffn_norm),
+            gate_up=w(_fused(layer.gate_up, "gate/up")),
+            down=w(layer.down),
+        )
+        for layer in weights.layers
+    ]
+    embed = w(weights.embed)
+    lm_head = embed if weights.lm_head is weights.embed else w(weights.lm_head)
+    return layers, {"embed": embed, "lm_head": lm_head, "final_norm": vec(weights.final_norm)}
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Device views of one step's metadata (see executor.step_layout.FlatChunks)."""
+
+    token_slots: object  # [T] int32
+    positions: object  # [T] int32
+    slot_mapping: object  # [T] int32
+    query_start_loc: object  # [S + 1] int32
+    seq_lens: object  # [S] int32
+    block_tables: object  # [S, max_blocks] int32
+    logits_rows: object  # [R] int32
+
+
+class CudaForward:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_tokens: int,
+                 max_positions: int, max_decode_rows: int, stream):  # fmt: skip
+        self.config, self.stream = config, stream
+        self.layers, top = upload_weights(weights, stream)
+        self.embed, self.lm_head, self.final_norm = top["embed"], top["lm_head"], top["final_norm"]
+        cos_sin = rope_table(config, weights, max_positions, ops)
+        self.cos_sin = cuda.to_device(np.ascontiguousarray(cos_sin, np.float32), stream=stream)
+        self.scale = float(config.head_dim) ** -0.5
+        c, n = config, max_tokens
+
+        def buf(*shape, dtype=np.float32):
+            return cuda.device_array(shape, dtype, stream=stream)
+
+        self.input_ids = buf(n, dtype=np.int32)
+        self.residual, self.x, self.h = (
+            buf(n, c.hidden_size),
+            buf(n, c.hidden_size),
+            buf(n, c.hidden_size),
+        )
+        self.qkv = buf(n, c.q_size + 2 * c.kv_size)
+        self.q = buf(n, c.num_heads, c.head_dim)
+        self.attn = buf(n, c.num_heads, c.head_dim)
+        self.gate_up = buf(n, 2 * c.intermediate_size)
+        self.act = buf(n, c.intermediate_size)
+        self.final_h, self.final_res = buf(n, c.hidden_size), buf(n, c.hidden_size)
+        self.final = buf(n, c.hidden_size)
+        self.logits = buf(n, c.vocab_size)
+        # split-key attention spreads rows of steps up to max_decode_rows tokens over blocks
+        self.attn_scratch = make_scratch(max_decode_rows, c.num_heads, c.head_dim, max_positions,
+                                         stream=stream)  # fmt: skip
+
+    def bind_kv(self, kv_k, kv_v) -> None:
+        """The KV cache ([layers, blocks, block_size, kv_heads, head_dim]), sized after the
+        weights and buffers so that it gets what is left; per-layer views made once."""
+        self.kv_k = [kv_k[i] for i in range(self.config.num_layers)]
+        self.kv_v = [kv_v[i] for i in range(self.config.num_layers)]
+
+    def forward(self, inputs: StepInputs, token_ids_dev):
+        """Enqueues the whole forward on the stream; returns the logits view [R, vocab]."""
+        c, s = self.config, self.stream
+        T, R = inputs.token_slots.shape[0], inputs.logits_rows.shape[0]
+        eps = c.rms_norm_eps
+        ids, residual, x, h = self.input_ids[:T], self.residual[:T], self.x[:T], self.h[:T]
+        qkv, attn, gate_up, act = self.qkv[:T], self.attn[:T], self.gate_up[:T], self.act[:T]
+        q = self.q[:T]
+        gather_tokens(token_ids_dev, inputs.token_slots, inputs.positions, ids, stream=s)
+        ops.embedding(ids, self.embed.data, self.embed.qtype, residual, stream=s)
+        for i, layer in enumerate(self.layers):
+            if i == 0:
+                ops.rms_norm(residual, layer.attn_norm, eps, x, stream=s)
+            else:  # residual += h (last MLP output), x = norm(residual)
+                ops.rms_norm(h, layer.attn_norm, eps, x, residual=residual, stream=s)
+            ops.linear(x, layer.qkv.data, layer.qkv.qtype, qkv, bias=layer.qkv_bias, stream=s)
+            norms = {"q_norm": layer.q_norm, "k_norm": layer.k_norm}
+            qkv_rope(qkv, q, self.kv_k[i], self.kv_v[i], inputs.slot_mapping, inputs.positions,
+                     self.cos_sin, eps, **norms, stream=s)  # fmt: skip
+            ops.paged_attention(q, self.kv_k[i], self.kv_v[i], inputs.block_tables,
+                                inputs.seq_lens, inputs.query_start_loc, self.scale, attn,
+                                scratch=self.attn_scratch, stream=s)  # fmt: skip
+            ops.linear(attn.reshape(T, c.q_size), layer.o.data, layer.o.qtype, h, stream=s)
+            ops.rms_norm(h, layer.ffn_norm, eps, x, residual=residual, stream=s)
+            ops.linear(x, layer.gate_up.data, layer.gate_up.qtype, gate_up, stream=s)
+            ops.silu_and_mul(gate_up, act, stream=s)
+            ops.linear(act, layer.down.data, layer.down.qtype, h, stream=s)
+        final_h, final_res, final = self.final_h[:R], self.final_res[:R], self.final[:R]
+        gather_rows(h, inputs.logits_rows, final_h, stream=s)
+        gather_rows(residual, inputs.logits_rows, final_res, stream=s)
+        ops.rms_norm(final_h, self.final_norm, eps, final, residual=final_res, stream=s)
+        logits = self.logits[:R]
+        ops.linear(final, self.lm_head.data, self.lm_head.qtype, logits, stream=s)
+        return logits

@@ -1,0 +1,348 @@
+"""Executes StepPlans on the GPU: the device token mirror, staged metadata, graphs, sampling.
+Hot path: keep it lean, put features in helpers.
+
+A step is enqueued, not waited for: `launch` applies the plan, copies the step's metadata
+(one pinned staging buffer, one copy), runs the forward and the sampler on the stream (a
+captured graph for decode batches), copies the sampled ids to pinned host memory and records
+an event. `finish` waits for that event and reads them: one step late with depth 2, while
+the next step already runs. Input ids are gathered from the device mirror, which the sampler
+writes, so the host never sends a token back.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from vtllm.executor.cuda_graphs import CudaGraph, free_device_memory
+from vtllm.executor.cuda_model import CudaForward, StepInputs
+from vtllm.executor.kv_cache import num_kv_blocks
+from vtllm.executor.step_layout import flatten_chunks, seat_sampling
+from vtllm.kernels import cpu as cpu_ops
+from vtllm.kernels import cuda as ops
+from vtllm.kernels.cuda.gather import gather_rows
+from vtllm.kernels.sampling_table import TABLE_LAYOUT, SamplingTable
+from vtllm.models.loader import LoadedModel
+from vtllm.scheduler.plan import SampledToken, StepPlan, StepResult, TokenLogprobs
+
+log = logging.getLogger("vtllm.cuda")
+
+RING = 4  # staging buffers in rotation: more than the steps that can be in flight
+_FIELDS = (
+    "token_slots", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",
+    "logits_rows", "sample_rows", "sample_slots", "sample_positions",
+)  # fmt: skip
+
+
+def graph_buckets(max_num_seqs: int) -> list[int]:
+    """Decode batch sizes that get a graph: 1, 2, 4, 8, then every 8 up to max_num_seqs
+    (a batch runs in the smallest bucket that holds it, padded with slot -1)."""
+    sizes = [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs, 8))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+@dataclass(slots=True)
+class PendingStep:
+    step_id: int
+    chunks: list  # the sampling chunks, in order
+    ring: int  # staging slot holding the sampled ids
+    event: object
+    logprobs: object | None  # host copies of the sampler's logprobs, or None
+    prompt_logprobs: dict
+
+
+class CudaModelRunner:
+    def __init__(self, loaded: LoadedModel, *, block_size: int, max_num_seqs: int,
+                 max_model_len: int, max_num_batched_tokens: int, kv_cache_memory: int,
+                 kv_cache_fraction: float, use_graphs: bool):  # fmt: skip
+        c = self.config = loaded.config
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.max_tokens = max(max_num_batched_tokens, max_num_seqs)
+        self.max_blocks = -(-(max_model_len + 1) // block_size)
+        self.stream = s = cuda.stream()
+        self.model = CudaForward(c, loaded.weights, max_tokens=self.max_tokens,
+                                 max_positions=max_model_len + 1,
+                                 max_decode_rows=max_num_seqs, stream=s)  # fmt: skip
+        # the mirror: [max_num_seqs, max_model_len + 1] int32 on the device
+        self.token_ids_dev = cuda.to_device(np.zeros((max_num_seqs, max_model_len + 1), np.int32))
+        self.num_tokens_dev = cuda.to_device(np.zeros(max_num_seqs, np.int32))
+        # host-side slot state (the host knows prompts, not every sampled token)
+        self.prompt_ids_host = np.zeros((max_num_seqs, max_model_len + 1), np.int32)
+        self.prompt_lens = np.zeros(max_num_seqs, np.int32)
+        self.num_prompt_logprobs = np.zeros(max_num_seqs, np.int32)
+        self.block_tables = np.zeros((max_num_seqs, self.max_blocks), np.int32)
+        self.num_slot_blocks = np.zeros(max_num_seqs, np.int32)
+        self.sampling = SamplingTable.create(max_num_seqs)
+        self.sampling_dev = ops.device_table(self.sampling, stream=s)
+        self._sampling_dirty = False
+        # staging: step metadata in, sampled ids out, both pinned so copies are asynchronous
+        n, S = self.max_tokens, max_num_seqs
+        meta_size = 4 * n + 2 * S + 1 + S * self.max_blocks + 3 * S + 16
+        self.meta_dev = cuda.device_array(meta_size, np.int32, stream=s)
+        self.meta_host = [cuda.pinned_array(meta_size, np.int32) for _ in range(RING)]
+        self.out_tokens_dev = cuda.device_array(S, np.int32, stream=s)
+        self.sample_logits = cuda.device_array((S, c.vocab_size), np.float32, stream=s)
+        self.tokens_host = [cuda.pinned_array(S, np.int32) for _ in range(RING)]
+        self.events = [cuda.event() for _ in range(RING)]
+        self._ring = 0
+        self._views: dict = {}
+        self.use_graphs = use_graphs
+        self.graphs: dict[int, CudaGraph] = {}
+        self.buckets = graph_buckets(max_num_seqs)
+        self.num_blocks = self._allocate_kv(kv_cache_memory, kv_cache_fraction)
+
+    def _allocate_kv(self, budget_bytes: int, fraction: float) -> int:
+        """KV blocks from a byte budget, or from a fraction of the device memory still free
+        once weights and buffers are in place; both figures are logged."""
+        c, s = self.config, self.stream
+        s.synchronize()
+        free, total = free_device_memory()
+        num_blocks = num_kv_blocks(c, block_size=self.block_size, budget_bytes=budget_bytes,
+                                   fraction=fraction, free_bytes=free)  # fmt: skip
+        shape = (c.num_layers, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
+        self.kv_k = cuda.device_array(shape, np.float32, stream=s)
+        self.kv_v = cuda.device_array(shape, np.float32, stream=s)
+        self.model.bind_kv(self.kv_k, self.kv_v)
+        log.info(
+            "GPU memory: %.1f of %.1f GiB free after weights; KV cache %d blocks x %d tokens "
+            "= %.2f GiB (%s)",
+            free / 2**30, total / 2**30, num_blocks, self.block_size,
+            2 * self.kv_k.nbytes / 2**30,
+            f"budget {budget_bytes} bytes" if budget_bytes else f"{fraction:.0%} of free",
+        )  # fmt: skip
+        return num_blocks
+
+    # -- per-slot state -------------------------------------------------------------------
+    def _apply(self, plan: StepPlan) -> None:
+        s = self.stream
+        for slot in plan.freed_slots:
+            self.num_slot_blocks[slot] = 0
+            self.sampling.clear_slot(slot)
+            self._sampling_dirty = True
+        for seat in plan.seated:
+            slot, n = seat.slot, len(seat.token_ids)
+            ids = np.asarray(seat.token_ids, np.int32)
+            self.prompt_ids_host[slot, :n] = ids
+            self.token_ids_dev[slot, :n].copy_to_device(ids, stream=s)
+            self.prompt_lens[slot] = seat.prompt_len
+            self.num_prompt_logprobs[slot] = seat.sampling.prompt_logprobs or 0
+            self.block_tables[slot, : len(seat.block_ids)] = seat.block_ids
+            self.num_slot_blocks[slot] = len(seat.block_ids)
+            seat_sampling(self.sampling, seat, self.config.eos_token_ids)
+            self._sampling_dirty = True
+        for chunk in plan.chunks:
+            if chunk.new_block_ids:
+                start = self.num_slot_blocks[chunk.slot]
+                end = start + len(chunk.new_block_ids)
+                self.block_tables[chunk.slot, start:end] = chunk.new_block_ids
+                self.num_slot_blocks[chunk.slot] = end
+        if self._sampling_dirty:
+            for name in TABLE_LAYOUT:  # pageable copies: staged at once, safe to edit after
+                getattr(self.sampling_dev, name).copy_to_device(getattr(self.sampling, name), s)
+            self._sampling_dirty = False
+
+    # -- metadata staging ---------------------------------------------------------------------
+    def _layout(self, T: int, S: int, R: int, B: int):
+        """Offsets of each field in the metadata buffer for these counts, and device views of
+        them (cached: graph buckets must see the same pointers every time)."""
+        key = (T, S, R, B)
+        found = self._views.get(key)
+        if found is not None:
+            return found
+        shapes = {"token_slots": (T,), "positions": (T,), "slot_mapping": (T,),
+                  "query_start_loc": (S + 1,), "seq_lens": (S,),
+                  "block_tables": (S, self.max_blocks), "logits_rows": (R,),
+                  "sample_rows": (B,), "sample_slots": (B,), "sample_positions": (B,)}  # fmt: skip
+        offsets, views, at = {}, {}, 0
+        for name in _FIELDS:
+            size = int(np.prod(shapes[name]))
+            offsets[name] = (at, size)
+            views[name] = self.meta_dev[at : at + size].reshape(shapes[name])
+            at += size
+        if len(self._views) > 256:  # eager shapes vary; keep the graph buckets' views
+            self._views = {k: v for k, v in self._views.items() if k[0] in self.buckets}
+        self._views[key] = found = (offsets, views, at)
+        return found
+
+    def _stage(self, fields: dict, counts: tuple) -> dict:
+        offsets, views, total = self._layout(*counts)
+        host = self.meta_host[self._ring]
+        for name, (at, size) in offsets.items():
+            host[at : at + size] = np.asarray(fields[name], np.int32).reshape(-1)
+        self.meta_dev[:total].copy_to_device(host[:total], stream=self.stream)
+        return views
+
+    # -- one step -------------------------------------------------------------------------------
+    def launch(self, plan: StepPlan) -> PendingStep:
+        ring = self._ring
+        self.events[ring].synchronize()  # the staging slot's last user is done (normally a no-op)
+        self._apply(plan)
+        chunks = [c for c in plan.chunks if c.sample]
+        if not plan.chunks:
+            return PendingStep(plan.step_id, [], ring, None, None, {})
+        prompt_lps = {}
+        flat = flatten_chunks(plan.chunks, self.block_tables, self.block_size)
+        B = len(chunks)
+        fields = self._fields(flat, chunks)
+        want_logprobs = bool(B) and bool(
+            (self.sampling.num_logprobs[fields["sample_slots"]] >= 0).any()
+        )
+        bucket = self._bucket(plan, flat, want_logprobs)
+        if bucket:
+            self._pad(fields, bucket)
+            views = self._stage(fields, (bucket, bucket, bucket, bucket))
+            self._graph(bucket, views).replay()
+        else:
+            T, S, R = len(flat.positions), len(flat.slots), len(flat.logits_rows)
+            views = self._stage(fields, (T, S, R, B))
+            logits = self.model.forward(self._inputs(views), self.token_ids_dev)
+            prompt_lps = self._prompt_logprobs(plan, logits) if R > B else {}
+            if B:
+                if R != B:
+                    rows = self.sample_logits[:B]
+                    gather_rows(logits, views["sample_rows"], rows, stream=self.stream)
+                    logits = rows
+                self._sample(logits, views, B)
+        if B:
+            self.out_tokens_dev[:B].copy_to_host(self.tokens_host[ring][:B], stream=self.stream)
+        self.events[ring].record(self.stream)
+        self._ring = (ring + 1) % RING
+        return PendingStep(plan.step_id, chunks, ring, self.events[ring], None, prompt_lps)
+
+    def finish(self, pending: PendingStep) -> StepResult:
+        if pending.event is not None:
+            pending.event.synchronize()
+        tokens = self.tokens_host[pending.ring]
+        sampled = [SampledToken(c.slot, int(tokens[i])) for i, c in enumerate(pending.chunks)]
+        return StepResult(pending.step_id, sampled, pending.prompt_logprobs)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        return self.finish(self.launch(plan))
+
+    def compute_logits(self, plan: StepPlan):
+        """Applies the plan and runs the model eagerly, without sampling: (host float32 logits
+        of its logits rows, the flattened chunks), as ModelRunner.compute_logits returns the
+        logits first; for teacher-forced checks."""
+        self._apply(plan)
+        flat = flatten_chunks(plan.chunks, self.block_tables, self.block_size)
+        fields = self._fields(flat, [])
+        fields["sample_rows"] = []
+        counts = (len(flat.positions), len(flat.slots), len(flat.logits_rows), 0)
+        logits = self.model.forward(self._inputs(self._stage(fields, counts)), self.token_ids_dev)
+        host = logits.copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return host, flat
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _fields(self, flat, chunks: list) -> dict:
+        """The metadata arrays of a step, by field name (see _FIELDS)."""
+        return {
+            "token_slots": flat.token_slots,
+            "positions": flat.positions,
+            "slot_mapping": flat.slot_mapping,
+            "query_start_loc": flat.query_start_loc,
+            "seq_lens": flat.seq_lens,
+            "block_tables": self.block_tables[flat.slots],
+            "logits_rows": flat.logits_rows,
+            "sample_rows": flat.sample_rows,
+            "sample_slots": [c.slot for c in chunks],
+            "sample_positions": [c.start + c.num_tokens for c in chunks],
+        }
+
+    def _inputs(self, views: dict) -> StepInputs:
+        return StepInputs(**{name: views[name] for name in StepInputs.__slots__})
+
+    def _sample(self, logits, views: dict, B: int) -> None:
+        out = self.out_tokens_dev[:B]
+        ops.sample(logits, views["sample_slots"], views["sample_positions"], self.sampling_dev,
+                   self.token_ids_dev, self.num_tokens_dev, out, stream=self.stream)  # fmt: skip
+
+    def _bucket(self, plan: StepPlan, flat, want_logprobs: bool) -> int:
+        """The graph bucket this step replays in, or 0 to run it eagerly."""
+        if not self.use_graphs or want_logprobs or len(flat.logits_rows) != len(plan.chunks):
+            return 0
+        if any(c.num_tokens != 1 or not c.sample for c in plan.chunks):
+            return 0
+        n = len(plan.chunks)
+        return next((b for b in self.buckets if b >= n), 0)
+
+    def _pad(self, fields: dict, bucket: int) -> None:
+        n = len(fields["token_slots"])
+        pad = bucket - n
+        if not pad:
+            return
+        minus, zeros = np.full(pad, -1, np.int32), np.zeros(pad, np.int32)
+        for name in ("token_slots", "slot_mapping", "sample_slots"):
+            fields[name] = np.concatenate([fields[name], minus])
+        for name in ("positions", "seq_lens", "sample_positions"):
+            fields[name] = np.concatenate([fields[name], zeros])
+        fields["query_start_loc"] = np.concatenate([fields["query_start_loc"], np.full(pad, n)])
+        fields["block_tables"] = np.concatenate(
+            [fields["block_tables"], np.zeros((pad, self.max_blocks), np.int32)]
+        )
+        fields["logits_rows"] = fields["sample_rows"] = np.arange(bucket, dtype=np.int32)
+
+    def _decode_step(self, views: dict, bucket: int) -> None:
+        logits = self.model.forward(self._inputs(views), self.token_ids_dev)
+        self._sample(logits, views, bucket)
+
+    def _graph(self, bucket: int, views: dict) -> CudaGraph:
+        graph = self.graphs.get(bucket)
+        if graph is None:
+            # Eager once first: compiles every kernel and makes launcher placeholders, so the
+            # capture records launches only. The padded metadata just staged is all -1 slots
+            # past the real rows, so this run computes the real step and capture replays it.
+            self._decode_step(views, bucket)
+            self.stream.synchronize()
+            graph = CudaGraph(self.stream, lambda: self._decode_step(views, bucket))
+            self.graphs[bucket] = graph
+        return graph
+
+    def _prompt_logprobs(self, plan: StepPlan, logits) -> dict:
+        """Prompt logprobs on the host (rare; the step waits for its logits)."""
+        host = logits.copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        result, row = {}, 0
+        for c in plan.chunks:
+            if not c.prompt_logprobs:
+                row += 1 if c.sample else 0
+                continue
+            prompt_len = int(self.prompt_lens[c.slot])
+            last = min(c.start + c.num_tokens, prompt_len - 1)
+            n, k = max(0, last - c.start), int(self.num_prompt_logprobs[c.slot])
+            entries = []
+            if n:
+                next_ids = np.ascontiguousarray(
+                    self.prompt_ids_host[c.slot, c.start + 1 : last + 1]
+                )
+                lp = cpu_ops.LogprobsOut.create(n)
+                rows = np.ascontiguousarray(host[row : row + n])
+                cpu_ops.prompt_logprobs(rows, next_ids, k, lp.logprob, lp.rank, lp.top_ids,
+                                        lp.top_logprobs)  # fmt: skip
+                entries = [
+                    TokenLogprobs(int(next_ids[j]), float(lp.logprob[j]), int(lp.rank[j]),
+                                  lp.top_ids[j, :k].tolist(), lp.top_logprobs[j, :k].tolist())
+                    for j in range(n)
+                ]  # fmt: skip
+            result[c.slot] = entries
+            row += c.num_tokens
+        return result
+
+    def capture_all(self, progress=None) -> None:
+        """Warm-up and capture of every decode bucket at start (all-padding steps)."""
+        for bucket in self.buckets:
+            fields = {name: np.zeros(0, np.int32) for name in _FIELDS}
+            fields["query_start_loc"] = np.zeros(1, np.int32)
+            fields["block_tables"] = np.zeros((0, self.max_blocks), np.int32)
+            self._pad(fields, bucket)
+            self._graph(bucket, self._stage(fields, (bucket,) * 4))
+            if progress is not None:
+                progress(bucket)
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        for graph in self.graphs.values():
+            graph.close()
+        self.graphs.clear()

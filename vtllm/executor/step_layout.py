@@ -1,0 +1,79 @@
+"""Host-side bookkeeping both runners share: a plan's chunks flattened into the per-token and
+per-sequence arrays the kernels read, and a seated request's sampling settings.
+
+Backend-neutral on purpose: the CPU runner gathers its input ids from these arrays on the
+host, the CUDA runner copies them to the device and gathers there.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vtllm.scheduler.plan import Chunk, SeatedRequest
+
+
+@dataclass(slots=True)
+class FlatChunks:
+    token_slots: np.ndarray  # [T] int32: slot of each token
+    positions: np.ndarray  # [T] int32
+    slot_mapping: np.ndarray  # [T] int32: KV cache row (block * block_size + offset)
+    query_start_loc: np.ndarray  # [S + 1] int32
+    seq_lens: np.ndarray  # [S] int32: context length after this step
+    slots: np.ndarray  # [S] int32: slot of each chunk
+    logits_rows: np.ndarray  # [R] int32: token rows whose logits are wanted
+    sample_rows: list[int]  # indices into logits_rows, one per sampling chunk
+
+
+def flatten_chunks(chunks: list[Chunk], block_tables: np.ndarray, block_size: int) -> FlatChunks:
+    counts = np.fromiter((c.num_tokens for c in chunks), np.int32, len(chunks))
+    starts = np.fromiter((c.start for c in chunks), np.int32, len(chunks))
+    slots = np.fromiter((c.slot for c in chunks), np.int32, len(chunks))
+    qsl = np.zeros(len(chunks) + 1, np.int32)
+    np.cumsum(counts, out=qsl[1:])
+    total = int(qsl[-1])
+    # Per token: its sequence, and its position = chunk start + offset inside the chunk.
+    seq_of = np.repeat(np.arange(len(chunks), dtype=np.int32), counts)
+    positions = (np.arange(total, dtype=np.int32) - qsl[seq_of] + starts[seq_of]).astype(np.int32)
+    token_slots = slots[seq_of]
+    block_ids = block_tables[token_slots, positions // block_size]
+    slot_mapping = (block_ids * block_size + positions % block_size).astype(np.int32)
+    logits_rows, sample_rows = [], []
+    for i, c in enumerate(chunks):
+        if c.prompt_logprobs:
+            logits_rows.extend(range(qsl[i], qsl[i + 1]))
+        elif c.sample:
+            logits_rows.append(qsl[i + 1] - 1)
+        if c.sample:
+            sample_rows.append(len(logits_rows) - 1)
+    return FlatChunks(
+        token_slots=token_slots,
+        positions=positions,
+        slot_mapping=slot_mapping,
+        query_start_loc=qsl,
+        seq_lens=(starts + counts).astype(np.int32),
+        slots=slots,
+        logits_rows=np.asarray(logits_rows, np.int32),
+        sample_rows=sample_rows,
+    )
+
+
+def seat_sampling(table, seat: SeatedRequest, eos_token_ids) -> None:
+    """Writes a seated request's sampling settings into its slot of a SamplingTable."""
+    sp = seat.sampling
+    stops = list(sp.stop_token_ids) + ([] if sp.ignore_eos else list(eos_token_ids))
+    table.set_slot(
+        seat.slot,
+        temperature=sp.temperature,
+        top_k=sp.top_k,
+        top_p=sp.top_p,
+        min_p=sp.min_p,
+        seed=seat.seed,
+        presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty,
+        repetition_penalty=sp.repetition_penalty,
+        min_tokens=sp.min_tokens,
+        num_logprobs=-1 if sp.logprobs is None else sp.logprobs,
+        prompt_len=seat.prompt_len,
+        logit_bias=sp.logit_bias,
+        min_stop_ids=stops,
+    )

@@ -1,0 +1,87 @@
+"""The fused projection's output made ready for attention, in one kernel. Hot path: keep it lean.
+
+One block per (token, head of q, k): the head's D values of qkv, RMS-normed per head when the
+model has q/k norms (Qwen3), rotated (NeoX / rotate_half layout, the partner value read through
+shared memory), then written where attention reads them: q into a [T, Hq, D] buffer, k and the
+head's v straight into the paged cache at slot_mapping[t]. It replaces split_qkv, two rms_norm,
+rotary and write_kv launches per layer: five graph nodes become one.
+"""
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from vtllm.kernels.cuda._device import MAX_WARPS, block_sum
+from vtllm.kernels.cuda._host import check
+
+MAX_DIM = 1024
+
+
+@cuda.jit(cache=True)
+def _qkv_rope_kernel(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, q_norm,
+                     k_norm, eps, has_norm):  # fmt: skip
+    t, j, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
+    Hq, D = q.shape[1], q.shape[2]
+    num_blocks, bs, Hk = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+    half = D // 2
+    is_q = j < Hq
+    h = j if is_q else j - Hq
+    scratch = cuda.shared.array(MAX_WARPS, float32)
+    row = cuda.shared.array(MAX_DIM, float32)
+    x = qkv[t, j * D + tid] if tid < D else np.float32(0.0)
+    if has_norm:
+        ss = block_sum(x * x, scratch)
+        inv = np.float32(1.0) / math.sqrt(ss / np.float32(D) + eps)
+        if tid < D:
+            x = (q_norm[tid] if is_q else k_norm[tid]) * (x * inv)
+    row[tid] = x
+    cuda.syncthreads()
+    p = positions[t]
+    if tid < D and 0 <= p < cos_sin.shape[0]:  # padding (-1) or a bad position: not rotated
+        i = tid % half
+        c, s = cos_sin[p, i], cos_sin[p, half + i]
+        x = x * c - row[tid + half] * s if tid < half else x * c + row[tid - half] * s
+    if tid >= D:
+        return
+    if is_q:
+        q[t, h, tid] = x
+        return
+    slot = slot_mapping[t]
+    if 0 <= slot < num_blocks * bs:  # padding (-1) or outside the cache: not written
+        k_cache[slot // bs, slot % bs, h, tid] = x
+        v_cache[slot // bs, slot % bs, h, tid] = qkv[t, (Hq + Hk + h) * D + tid]
+
+
+def qkv_rope(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, *, q_norm=None,
+             k_norm=None, stream=0) -> None:  # fmt: skip
+    """From qkv [T, (Hq + 2 Hk) D] float32: q [T, Hq, D] <- rope(norm(q heads)), and the cache
+    rows k_cache / v_cache [num_blocks, block_size, Hk, D] at slot_mapping[t] <- rope(norm(k
+    heads)) and the v heads. Norms (weights [D]) are applied when both are given."""
+    check("qkv_rope", "qkv", qkv, np.float32, 2)
+    check("qkv_rope", "q", q, np.float32, 3)
+    T, Hq, D = q.shape
+    check("qkv_rope", "k_cache", k_cache, np.float32, 4)
+    check("qkv_rope", "v_cache", v_cache, np.float32, 4, k_cache.shape)
+    Hk = k_cache.shape[2]
+    if qkv.shape != (T, (Hq + 2 * Hk) * D) or k_cache.shape[3] != D or D % 2 or D > MAX_DIM:
+        raise ValueError(
+            f"qkv_rope: qkv {qkv.shape}, q {q.shape} and k_cache {k_cache.shape} do not fit"
+        )
+    check("qkv_rope", "slot_mapping", slot_mapping, np.int32, 1, (T,))
+    check("qkv_rope", "positions", positions, np.int32, 1, (T,))
+    check("qkv_rope", "cos_sin", cos_sin, np.float32, 2)
+    if cos_sin.shape[1] != D:
+        raise ValueError(f"qkv_rope: cos_sin must be [max_pos, {D}], got {cos_sin.shape}")
+    has_norm = q_norm is not None and k_norm is not None
+    if has_norm:
+        check("qkv_rope", "q_norm", q_norm, np.float32, 1, (D,))
+        check("qkv_rope", "k_norm", k_norm, np.float32, 1, (D,))
+    else:
+        q_norm = k_norm = cos_sin[0]  # never read
+    if T == 0:
+        return
+    threads = max(32, -(-D // 32) * 32)
+    _qkv_rope_kernel[(T, Hq + Hk), threads, stream](qkv, q, k_cache, v_cache, slot_mapping,
+                                                    positions, cos_sin, q_norm, k_norm,
+                                                    np.float32(eps), has_norm)  # fmt: skip

@@ -27,6 +27,7 @@ if status != "0":
     print(f"{shape:12s} graphs={graphs} depth={depth} FAILED (exit {status})")
     raise SystemExit
 r = json.load(open(path))
+r = r.get("exact", r)  # one entry per CPU numerics setting; the GPU ignores it
 dec, pre = r["decode_tok_s"]["median"], r["prefill_tok_s"]["median"]
 print(f"{shape:12s} graphs={graphs} depth={depth}  decode {dec:8.1f} tok/s "
       f"({1e3 / dec:6.2f} ms/token)  prefill128 {pre:9.1f} tok/s  "

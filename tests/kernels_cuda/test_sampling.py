@@ -1,6 +1,6 @@
-"""The device sampler vs the float64 reference and the CPU sampler: greedy (ties to the lowest
+"""The device sampler vs the CPU sampler and the float64 reference: greedy (ties to the lowest
 id), seeded temperature sampling (the CPU's counter-based uniform, bit for bit), padding rows,
-and rows that ask for what it does not do yet (UNSUPPORTED, mirror untouched).
+and every filter and adjustment alone and combined (test_sampling_features.py).
 
 Logits sit on a 1/32 grid: ties are exact and every probability boundary is far from float
 noise, so token ids must match exactly."""
@@ -10,13 +10,13 @@ import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
 from vtllm.kernels.cpu.sampling import sample as cpu_sample
-from vtllm.kernels.cuda import UNSUPPORTED, device_table, sample
+from vtllm.kernels.cuda import SamplerScratch, device_table, sample
 from vtllm.kernels.sampling_reference import sample_ref
 from vtllm.kernels.sampling_table import SamplingTable
 
 pytestmark = pytest.mark.cudasim
 
-V = 300 if SIMULATOR else 128256
+V = 300 if SIMULATOR else 152064  # Qwen's vocabulary on the GPU
 SLOTS, MAX_LEN = 10, 64
 NEUTRAL = dict(
     top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
@@ -25,71 +25,89 @@ NEUTRAL = dict(
 )  # fmt: skip
 
 
-def make_case(rng, settings):
-    table = SamplingTable.create(SLOTS)
+def make_case(rng, settings, vocab=V, history=None, slots=SLOTS):
+    """A table with settings per slot and a random mirror (ids below history repeat often)."""
+    table = SamplingTable.create(slots)
     for slot, kw in settings.items():
         table.set_slot(slot, **{**NEUTRAL, "seed": 1000 + slot, **kw})
-    token_ids = rng.integers(0, V, (SLOTS, MAX_LEN)).astype(np.int32)
-    num_tokens = np.full(SLOTS, 20, np.int32)
+    token_ids = rng.integers(0, history or vocab, (slots, MAX_LEN)).astype(np.int32)
+    num_tokens = np.full(slots, 20, np.int32)
     return table, token_ids, num_tokens
 
 
-def run_device(logits, slots, positions, table, token_ids, num_tokens):
+def run_device(logits, slots, positions, table, token_ids, num_tokens, scratch=None):
     ids_dev, num_dev = dev(token_ids), dev(num_tokens)
     out = poisoned(len(slots), np.int32)
-    sample(dev(logits), dev(slots), dev(positions), device_table(table), ids_dev, num_dev, out)
+    sample(dev(logits), dev(slots), dev(positions), device_table(table), ids_dev, num_dev, out,
+           scratch=scratch)  # fmt: skip
     return host(out), host(ids_dev), host(num_dev)
 
 
-def grid_logits(rng, rows, scale=3.0):
-    return (np.round(rng.standard_normal((rows, V)) * scale * 32) / 32).astype(np.float32)
+def run_cpu(logits, slots, positions, table, token_ids, num_tokens):
+    ids, num, out = token_ids.copy(), num_tokens.copy(), np.full(len(slots), -7, np.int32)
+    cpu_sample(logits, slots, positions, table, ids, num, out)
+    return out, ids, num
+
+
+def grid_logits(rng, rows, scale=3.0, vocab=V):
+    return (np.round(rng.standard_normal((rows, vocab)) * scale * 32) / 32).astype(np.float32)
+
+
+def assert_matches_cpu_and_reference(logits, slots, positions, table, token_ids, num_tokens):
+    got, ids, num = run_device(logits, slots, positions, table, token_ids, num_tokens)
+    cpu, cpu_ids, cpu_num = run_cpu(logits, slots, positions, table, token_ids, num_tokens)
+    ref, _ = sample_ref(logits, slots, positions, table, token_ids.copy(), num_tokens.copy())
+    np.testing.assert_array_equal(got, cpu)
+    np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(ids, cpu_ids)
+    np.testing.assert_array_equal(num, cpu_num)
+    return got
 
 
 def test_greedy_and_temperature_match_reference_and_cpu(rng):
     settings = {0: dict(temperature=0.0), 1: dict(temperature=0.7), 2: dict(temperature=1.0),
                 3: dict(temperature=1.6, seed=2**64 - 5), 5: dict(temperature=0.0),
-                6: dict(temperature=0.3)}  # fmt: skip
+                6: dict(temperature=0.3), 8: dict(temperature=0.8, top_k=3, top_p=0.5),
+                9: dict(temperature=0.8)}  # fmt: skip
     table, token_ids, num_tokens = make_case(rng, settings)
-    slots = np.array([3, 0, -1, 1, 5, 2, 6], np.int32)  # -1: padding
-    positions = np.array([20, 21, 5, 22, 30, 20, 63], np.int32)
+    slots = np.array([3, 0, -1, 1, 5, 2, 6, 8, 9], np.int32)  # -1: padding
+    positions = np.array([20, 21, 5, 22, 30, 20, 63, 20, 20], np.int32)
     logits = grid_logits(rng, len(slots))
     logits[1, [7, V - 3]] = logits[1].max() + 1  # greedy tie: the lower id wins
     logits[4, :] = -np.inf
     logits[4, [11, 12]] = 0.5
-    got, ids, num = run_device(logits, slots, positions, table, token_ids, num_tokens)
-    ref_ids, ref_num = token_ids.copy(), num_tokens.copy()
-    ref, _ = sample_ref(logits, slots, positions, table, ref_ids, ref_num)
-    assert got[1] == 7 and got[4] == 11 and got[2] == -1
-    np.testing.assert_array_equal(got, ref)
-    np.testing.assert_array_equal(ids, ref_ids)
-    np.testing.assert_array_equal(num, ref_num)
-    cpu_ids, cpu_num, cpu_out = token_ids.copy(), num_tokens.copy(), np.empty(len(slots), np.int32)
-    cpu_sample(logits, slots, positions, table, cpu_ids, cpu_num, cpu_out)
-    np.testing.assert_array_equal(got, cpu_out)
+    logits[7:, :] = -np.inf  # nothing finite: token 0, as the CPU
+    got = assert_matches_cpu_and_reference(logits, slots, positions, table, token_ids,
+                                           num_tokens)  # fmt: skip
+    assert got[1] == 7 and got[4] == 11 and got[2] == -1 and (got[7:] == 0).all()
 
 
 def test_draws_follow_the_distribution(rng):
-    """Many positions of one seeded row: draws land in proportion to softmax(x / T)."""
+    """Many positions of one seeded row: draws land in proportion to softmax(x / T), and on
+    the CPU's tokens, with and without a filter (a filter walks by probability, not id)."""
     v = 8
     logits = np.zeros((1, V), np.float32) - np.inf
     logits[0, :v] = np.log(np.arange(1, v + 1, dtype=np.float32))
-    n = 48 if SIMULATOR else 4000
-    table, token_ids, num_tokens = make_case(rng, {0: dict(temperature=1.0)})
-    token_ids = np.zeros((1, n), np.int32)
-    num_tokens = np.zeros(1, np.int32)
-    table = SamplingTable(**{f: getattr(table, f)[:1] for f in table.__slots__})
-    seen = []
-    for pos in range(n):
-        got, token_ids, num_tokens = run_device(logits, np.zeros(1, np.int32),
-                                                np.array([pos], np.int32), table, token_ids,
-                                                num_tokens)  # fmt: skip
-        seen.append(got[0])
-        assert token_ids[0, pos] == got[0] and num_tokens[0] == pos + 1
-    want = [int(cpu) for cpu in _cpu_draws(logits, table, n)]
-    assert seen == want
-    if not SIMULATOR:
-        freq = np.bincount(seen, minlength=v)[:v] / n
-        np.testing.assert_allclose(freq, np.arange(1, v + 1) / (v * (v + 1) / 2), atol=0.03)
+    n = 16 if SIMULATOR else 4000
+    for filt in (dict(), dict(top_k=v - 1)):
+        table, _, _ = make_case(rng, {0: dict(temperature=1.0, **filt)})
+        table = SamplingTable(**{f: getattr(table, f)[:1] for f in table.__slots__})
+        ids_dev, num_dev = dev(np.zeros((1, n), np.int32)), dev(np.zeros(1, np.int32))
+        table_dev, logits_dev = device_table(table), dev(logits)
+        slots_dev = dev(np.zeros(1, np.int32))
+        out = poisoned(1, np.int32)
+        for pos in range(n):
+            sample(logits_dev, slots_dev, dev(np.array([pos], np.int32)), table_dev, ids_dev,
+                   num_dev, out)  # fmt: skip
+        seen = host(ids_dev)[0].tolist()
+        assert host(num_dev)[0] == n and host(out)[0] == seen[-1]
+        assert seen == [int(cpu) for cpu in _cpu_draws(logits, table, n)]
+        if not SIMULATOR:
+            freq = np.bincount(seen, minlength=v)[:v] / n
+            want = np.arange(1, v + 1, dtype=np.float64)
+            if filt:
+                want[0] = 0.0  # top_k = v - 1 drops the least likely token, id 0
+            np.testing.assert_allclose(freq, want / want.sum(), atol=0.03)
 
 
 def _cpu_draws(logits, table, n):
@@ -99,24 +117,22 @@ def _cpu_draws(logits, table, n):
         yield out[0]
 
 
-@pytest.mark.parametrize(
-    "feature",
-    [dict(top_k=5), dict(top_p=0.9), dict(min_p=0.1), dict(repetition_penalty=1.2),
-     dict(frequency_penalty=0.5), dict(presence_penalty=-0.5), dict(logit_bias={3: 2.0}),
-     dict(min_tokens=50, min_stop_ids=[4])],
-    ids=lambda f: next(iter(f)),
-)  # fmt: skip
-def test_unsupported_rows_are_flagged(rng, feature):
-    table, token_ids, num_tokens = make_case(rng, {0: dict(temperature=0.0, **feature),
-                                                   1: dict(temperature=0.8)})  # fmt: skip
-    slots, positions = np.array([0, 1], np.int32), np.array([20, 20], np.int32)
+def test_deterministic_and_scratch_counts_left_zero(rng):
+    """The same inputs twice give the same tokens; the penalty counts go back to zero."""
+    settings = {0: dict(temperature=1.1, repetition_penalty=1.4, frequency_penalty=0.3,
+                        top_p=0.7),
+                1: dict(temperature=0.9, presence_penalty=0.6, min_p=0.05, top_k=9)}  # fmt: skip
+    table, token_ids, num_tokens = make_case(rng, settings, history=12)
+    slots, positions = np.array([1, 0], np.int32), np.array([40, 33], np.int32)
     logits = grid_logits(rng, 2)
-    got, ids, num = run_device(logits, slots, positions, table, token_ids, num_tokens)
-    assert got[0] == UNSUPPORTED
-    assert ids[0, 20] == token_ids[0, 20] and num[0] == num_tokens[0]
-    ref, _ = sample_ref(logits[1:], slots[1:], positions[1:], table, token_ids.copy(),
-                        num_tokens.copy())  # fmt: skip
-    assert got[1] == ref[0]
+    logits[:, :12] += 4.0  # the history's tokens lead, so the penalties decide
+    scratch = SamplerScratch.create(4, V)
+    first = run_device(logits, slots, positions, table, token_ids, num_tokens, scratch)[0]
+    second = run_device(logits, slots, positions, table, token_ids, num_tokens, scratch)[0]
+    np.testing.assert_array_equal(first, second)
+    assert not host(scratch.counts).any()
+    np.testing.assert_array_equal(first, run_cpu(logits, slots, positions, table, token_ids,
+                                                 num_tokens)[0])  # fmt: skip
 
 
 def test_rejects_bad_arguments(rng):
@@ -128,3 +144,9 @@ def test_rejects_bad_arguments(rng):
     with pytest.raises(ValueError, match="out_tokens"):
         sample(logits, two, two, device_table(table), dev(token_ids), dev(num_tokens),
                poisoned(3, np.int32))  # fmt: skip
+    with pytest.raises(ValueError, match="scratch has 1 rows"):
+        sample(logits, two, two, device_table(table), dev(token_ids), dev(num_tokens),
+               poisoned(2, np.int32), scratch=SamplerScratch.create(1, V))  # fmt: skip
+    with pytest.raises(ValueError, match="vocabulary of 262145"):
+        sample(dev(np.zeros((2, 2**18 + 1), np.float32)), two, two, device_table(table),
+               dev(token_ids), dev(num_tokens), poisoned(2, np.int32))  # fmt: skip

@@ -48,7 +48,7 @@ class PendingStep:
     chunks: list  # the sampling chunks, in order
     ring: int  # staging slot holding the sampled ids
     event: object
-    logprobs: object | None  # host copies of the sampler's logprobs, or None
+    num_logprobs: list  # per sampling chunk: top logprobs wanted (-1: none), read at launch
     prompt_logprobs: dict
 
 
@@ -85,6 +85,12 @@ class CudaModelRunner:
         self.out_tokens_dev = cuda.device_array(S, np.int32, stream=s)
         self.sample_logits = cuda.device_array((S, c.vocab_size), np.float32, stream=s)
         self.tokens_host = [cuda.pinned_array(S, np.int32) for _ in range(RING)]
+        self.sampler_scratch = ops.SamplerScratch.create(S, c.vocab_size, stream=s)
+        self.logprobs_dev = ops.LogprobsOut.create(S, stream=s)
+        self.logprobs_host = [
+            ops.LogprobsOut(*(cuda.pinned_array(a.shape, a.dtype) for a in self.logprobs_dev))
+            for _ in range(RING)
+        ]
         self.events = [cuda.event() for _ in range(RING)]
         self._ring = 0
         self._views: dict = {}
@@ -181,15 +187,13 @@ class CudaModelRunner:
         self._apply(plan)
         chunks = [c for c in plan.chunks if c.sample]
         if not plan.chunks:
-            return PendingStep(plan.step_id, [], ring, None, None, {})
+            return PendingStep(plan.step_id, [], ring, None, [], {})
         prompt_lps = {}
         flat = flatten_chunks(plan.chunks, self.block_tables, self.block_size)
         B = len(chunks)
         fields = self._fields(flat, chunks)
-        want_logprobs = bool(B) and bool(
-            (self.sampling.num_logprobs[fields["sample_slots"]] >= 0).any()
-        )
-        bucket = self._bucket(plan, flat, want_logprobs)
+        num_logprobs = [int(self.sampling.num_logprobs[c.slot]) for c in chunks]
+        bucket = self._bucket(plan, flat)
         if bucket:
             self._pad(fields, bucket)
             views = self._stage(fields, (bucket, bucket, bucket, bucket))
@@ -207,15 +211,25 @@ class CudaModelRunner:
                 self._sample(logits, views, B)
         if B:
             self.out_tokens_dev[:B].copy_to_host(self.tokens_host[ring][:B], stream=self.stream)
+        if any(k >= 0 for k in num_logprobs):
+            for dev, host in zip(self.logprobs_dev, self.logprobs_host[ring], strict=True):
+                dev[:B].copy_to_host(host[:B], stream=self.stream)
         self.events[ring].record(self.stream)
         self._ring = (ring + 1) % RING
-        return PendingStep(plan.step_id, chunks, ring, self.events[ring], None, prompt_lps)
+        return PendingStep(plan.step_id, chunks, ring, self.events[ring], num_logprobs, prompt_lps)
 
     def finish(self, pending: PendingStep) -> StepResult:
         if pending.event is not None:
             pending.event.synchronize()
-        tokens = self.tokens_host[pending.ring]
-        sampled = [SampledToken(c.slot, int(tokens[i])) for i, c in enumerate(pending.chunks)]
+        tokens, lp = self.tokens_host[pending.ring], self.logprobs_host[pending.ring]
+        sampled = []
+        for i, c in enumerate(pending.chunks):
+            k, info = pending.num_logprobs[i], None
+            if k >= 0:
+                top_ids, top_lps = lp.top_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist()
+                info = TokenLogprobs(int(tokens[i]), float(lp.logprob[i]), int(lp.rank[i]),
+                                     top_ids, top_lps)  # fmt: skip
+            sampled.append(SampledToken(c.slot, int(tokens[i]), info))
         return StepResult(pending.step_id, sampled, pending.prompt_logprobs)
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -255,13 +269,16 @@ class CudaModelRunner:
         return StepInputs(**{name: views[name] for name in StepInputs.__slots__})
 
     def _sample(self, logits, views: dict, B: int) -> None:
-        out = self.out_tokens_dev[:B]
+        # Logprobs are always requested: rows whose slot wants none are skipped by the kernel,
+        # so one captured graph serves batches with and without them.
+        out, lp = self.out_tokens_dev[:B], ops.LogprobsOut(*(a[:B] for a in self.logprobs_dev))
         ops.sample(logits, views["sample_slots"], views["sample_positions"], self.sampling_dev,
-                   self.token_ids_dev, self.num_tokens_dev, out, stream=self.stream)  # fmt: skip
+                   self.token_ids_dev, self.num_tokens_dev, out, out_logprobs=lp,
+                   scratch=self.sampler_scratch, stream=self.stream)  # fmt: skip
 
-    def _bucket(self, plan: StepPlan, flat, want_logprobs: bool) -> int:
+    def _bucket(self, plan: StepPlan, flat) -> int:
         """The graph bucket this step replays in, or 0 to run it eagerly."""
-        if not self.use_graphs or want_logprobs or len(flat.logits_rows) != len(plan.chunks):
+        if not self.use_graphs or len(flat.logits_rows) != len(plan.chunks):
             return 0
         if any(c.num_tokens != 1 or not c.sample for c in plan.chunks):
             return 0

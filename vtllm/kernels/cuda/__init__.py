@@ -13,9 +13,10 @@ from vtllm.kernels.cuda.activation import silu_and_mul
 from vtllm.kernels.cuda.attention import paged_attention, write_kv
 from vtllm.kernels.cuda.embedding import embedding
 from vtllm.kernels.cuda.linear import linear
+from vtllm.kernels.cuda.logprobs import LogprobsOut, prompt_logprobs
 from vtllm.kernels.cuda.norm import rms_norm
 from vtllm.kernels.cuda.rope import rope_cos_sin, rotary
-from vtllm.kernels.cuda.sampling import UNSUPPORTED, device_table, sample
+from vtllm.kernels.cuda.sampling import SamplerScratch, device_table, sample
 
 
 def empty(shape, dtype=np.float32, *, stream=0):
@@ -25,12 +26,14 @@ def empty(shape, dtype=np.float32, *, stream=0):
 
 __all__ = [
     "SIMULATOR",
-    "UNSUPPORTED",
+    "LogprobsOut",
+    "SamplerScratch",
     "device_table",
     "embedding",
     "empty",
     "linear",
     "paged_attention",
+    "prompt_logprobs",
     "rms_norm",
     "rope_cos_sin",
     "rotary",

@@ -1,60 +1,138 @@
-"""Token sampler on the GPU: greedy and seeded temperature sampling. Hot path: keep it lean.
+"""Token sampler on the GPU, with the CPU sampler's semantics (kernels/cpu/sampling.py). Hot
+path: keep it lean, put features in helpers.
 
-One block per row, writing the token into out_tokens and the device mirror (token_ids[slot,
-position], num_tokens[slot]) as kernels/cpu/sampling.py does, so sampled ids never leave the
-device until the host wants them.
-  greedy (temperature < GREEDY_EPS): argmax of the logits, ties to the lowest id;
-  temperature: e_i = exp((x_i - max) / T) in float64 (0 at or below EXP_CUTOFF), the CPU's
-      uniform u = splitmix64(seed, position), and the first id, in vocabulary order, whose
-      running sum of e exceeds u * sum(e) (fallback: the last id with e > 0). The vocabulary is
-      cut into one contiguous chunk per thread; chunk sums are added in chunk order and only
-      the chunk holding the crossing is walked, by its thread. Sums run in another order than
-      the CPU's 8 lanes, so a token can differ only where u * sum(e) sits within float64
-      rounding of a boundary.
-Not yet: logit bias, min_tokens stop masks, repetition / frequency / presence penalties, top_k,
-top_p, min_p and logprobs. A row whose slot asks for any of the first seven gets token
-UNSUPPORTED (-2) and leaves the mirror alone, so a caller that routes it here by mistake sees
-it at once instead of sampling from the wrong distribution.
+Per row, one block, writing the token into out_tokens and the device mirror (token_ids[slot,
+position], num_tokens[slot]) so sampled ids never leave the device until the host wants them:
+  1. sampling_adjust: logit bias, min_tokens stop masks, repetition / frequency / presence
+     penalties from the mirror history, in float64, for the rows that ask (into scratch);
+  2. greedy (temperature < GREEDY_EPS): argmax, ties to the lowest id;
+  3. else e_i = exp((w_i - max) / T) in float64 (0 at or below EXP_CUTOFF) and the CPU's
+     uniform u = splitmix64(seed, position). With no filter: the first id, in vocabulary
+     order, whose running sum of e exceeds u * sum(e) (each thread sums a contiguous chunk;
+     chunk sums are added in chunk order). With min_p / top_k / top_p: min_p zeroes e below
+     min_p (e is p / p_max), then sampling_select cuts the row in sampling order (descending
+     e, ties by lower id) at the k-th token, then where the mass reaches top_p of what is
+     kept, then draws where it exceeds u times what is left;
+  4. logprobs (optional): of the raw logits, as the CPU (logprobs.py).
+Sums run in another order than the CPU's, so a token can differ from the CPU's only where a
+target sits within float64 rounding of a boundary. Every sum is in a fixed order (the filters'
+bin masses are exact integers), so a row's token is deterministic run to run.
 """
 
-import math
+from typing import NamedTuple
 
 import numpy as np
-from numba import cuda, float32, float64, int32
+from numba import cuda, float64, int32, int64
 
-from vtllm.kernels.cuda._device import MAX_WARPS, NEG_INF, SIMULATOR, block_argmax, imin, uniform
+from vtllm.kernels.cuda._device import MAX_WARPS, SIMULATOR, block_argmax, block_sum, imin, uniform
 from vtllm.kernels.cuda._host import check
-from vtllm.kernels.sampling_table import EXP_CUTOFF, GREEDY_EPS, TABLE_LAYOUT, SamplingTable
+from vtllm.kernels.cuda.logprobs import (
+    LogprobsOut,
+    check_logprobs_out,
+    launch_sample_logprobs,
+    prob,
+)
+from vtllm.kernels.cuda.sampling_adjust import adjusted, launch_adjust
+from vtllm.kernels.cuda.sampling_select import ABOVE, AT_LEAST, COUNT, MAX_VOCAB, NBINS, select
+from vtllm.kernels.sampling_table import GREEDY_EPS, TABLE_LAYOUT, SamplingTable
 
-__all__ = ["UNSUPPORTED", "device_table", "sample"]
+__all__ = ["SamplerScratch", "device_table", "sample"]
 
-THREADS = 32 if SIMULATOR else 256
-MAX_THREADS = 1024
-UNSUPPORTED = -2
+# ptxas for sm_90 gives the sample kernel 79 registers and 23 KB of shared memory: 512 threads
+# fit an SM (1024 would need 80K registers of its 64K)
+THREADS = 32 if SIMULATOR else 512
+
+
+class SamplerScratch(NamedTuple):
+    """Per-row device scratch: at least as many rows as the batch, one column per token."""
+
+    values: object  # [rows, V] float64: adjusted logits, then e for filtered rows
+    counts: object  # [rows, V] int32: all zeros between calls (the kernels leave them so)
+
+    @classmethod
+    def create(cls, rows: int, vocab: int, *, stream=0) -> "SamplerScratch":
+        counts = cuda.to_device(np.zeros((rows, vocab), np.int32), stream=stream)
+        return cls(cuda.device_array((rows, vocab), np.float64, stream=stream), counts)
 
 
 @cuda.jit(device=True)
-def _e(x, m, inv_t):
-    """Unnormalized probability of logit x: exp((x - m) / T), 0 at or below EXP_CUTOFF."""
-    s = (np.float64(x) - m) * inv_t
-    return math.exp(s) if s > EXP_CUTOFF else 0.0
+def _w(logits, values, adj, b, i):
+    return values[b, i] if adj else np.float64(logits[b, i])
 
 
 @cuda.jit(device=True)
-def _unsupported(s, pos, V, top_k, top_p, min_p, presence, frequency, repetition, min_tokens,
-                 prompt_len, num_bias, num_min_stop):  # fmt: skip
-    if 0 < top_k[s] < V or top_p[s] < 1.0 or min_p[s] > 0.0 or num_bias[s] > 0:
-        return True
-    if presence[s] != 0.0 or frequency[s] != 0.0 or repetition[s] != 1.0:
-        return True
-    out_start = imin(prompt_len[s] if prompt_len[s] > 0 else 0, pos)
-    return pos - out_start < min_tokens[s] and num_min_stop[s] > 0
+def _draw_in_id_order(logits, values, adj, b, m, inv_t, u, tm, ri):
+    """No filter: the first id whose running sum of e exceeds u * sum(e); fallback the last
+    id with e > 0 (or 0 when there is none)."""
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    V = logits.shape[1]
+    chunk = (V + nt - 1) // nt
+    lo, hi = imin(V, tid * chunk), imin(V, tid * chunk + chunk)
+    acc = 0.0
+    for i in range(lo, hi):
+        acc += prob(_w(logits, values, adj, b, i), m, inv_t)
+    tm[tid] = acc
+    if tid == 0:
+        ri[0], ri[1] = V, -1
+    cuda.syncthreads()
+    z, run = 0.0, 0.0
+    for t in range(nt):  # every thread adds the chunks in the same order
+        if t == tid:
+            run = z
+        z += tm[t]
+    target = u * z
+    first, last = np.int64(V), np.int64(-1)
+    for i in range(lo, hi):
+        e = prob(_w(logits, values, adj, b, i), m, inv_t)
+        run += e
+        if e > 0.0:
+            last = i
+            if run > target:
+                first = i
+                break
+    if first < V:
+        cuda.atomic.min(ri, 0, first)
+    if last >= 0:
+        cuda.atomic.max(ri, 1, last)
+    cuda.syncthreads()
+    return ri[0] if ri[0] < V else (ri[1] if ri[1] >= 0 else np.int64(0))
+
+
+@cuda.jit(device=True)
+def _draw_filtered(logits, values, adj, b, m, inv_t, u, k, p, mp, sd, si, hh, hl, tc, tm,
+                   ri, rf):  # fmt: skip
+    """min_p, top_k, top_p on the renormalized rest, then the draw (the CPU's order)."""
+    tid, nt = cuda.threadIdx.x, cuda.blockDim.x
+    V = logits.shape[1]
+    c, z = np.int32(0), 0.0
+    for i in range(tid, V, nt):  # e replaces w in place: each thread reads only its own i
+        e = prob(_w(logits, values, adj, b, i), m, inv_t)
+        if mp > 0.0 and e < mp:  # e is p / p_max (the max has e == 1)
+            e = 0.0
+        values[b, i] = e
+        if e > 0.0:
+            c += 1
+            z += e
+    num_pos = block_sum(c, si)
+    kept = block_sum(z, sd)
+    if num_pos == 0:
+        return np.int64(0)
+    cut_key, cut_id = np.int64(0), np.int64(-1)  # (0, -1): every token with e > 0
+    if 0 < k < num_pos:
+        cut_key, cut_id, kept = select(values, b, COUNT, np.int64(k), 0.0, cut_key, cut_id,
+                                       hh, hl, tc, tm, ri, rf)  # fmt: skip
+    if p < 1.0:
+        cut_key, cut_id, kept = select(values, b, AT_LEAST, np.int64(0), p * kept, cut_key,
+                                       cut_id, hh, hl, tc, tm, ri, rf)  # fmt: skip
+    _, tok, _ = select(values, b, ABOVE, np.int64(0), u * kept, cut_key, cut_id, hh, hl,
+                       tc, tm, ri, rf)  # fmt: skip
+    return tok
 
 
 @cuda.jit(cache=True)
 def _sample_kernel(logits, slots, positions, temperature, seed, top_k, top_p, min_p, presence,
                    frequency, repetition, min_tokens, prompt_len, num_bias, num_min_stop,
-                   token_ids, num_tokens, out_tokens):  # fmt: skip
+                   token_ids, num_tokens, values, out_tokens):  # fmt: skip
     b, tid, nt = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
     V = logits.shape[1]
     s, pos = slots[b], positions[b]
@@ -62,74 +140,38 @@ def _sample_kernel(logits, slots, positions, temperature, seed, top_k, top_p, mi
         if tid == 0:  # padding (slot -1), or out of range: token -1, mirror untouched
             out_tokens[b] = -1
         return
-    if _unsupported(s, pos, V, top_k, top_p, min_p, presence, frequency, repetition,
-                    min_tokens, prompt_len, num_bias, num_min_stop):  # fmt: skip
-        if tid == 0:
-            out_tokens[b] = UNSUPPORTED
-        return
-    sv = cuda.shared.array(MAX_WARPS, float32)
+    sd = cuda.shared.array(MAX_WARPS, float64)
     si = cuda.shared.array(MAX_WARPS, int32)
-    sums = cuda.shared.array(MAX_THREADS, float64)
-    pick = cuda.shared.array(1, int32)
-    pick_f = cuda.shared.array(2, float64)
-    best, bi = NEG_INF, np.int32(V)
+    hh = cuda.shared.array(NBINS, int64)
+    hl = cuda.shared.array(NBINS, int64)
+    tc = cuda.shared.array(THREADS, int32)  # one entry per thread
+    tm = cuda.shared.array(THREADS, float64)
+    ri = cuda.shared.array(8, int64)
+    rf = cuda.shared.array(4, float64)
+    adj = adjusted(s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias,
+                   num_min_stop)  # fmt: skip
+    best, bi = -np.inf, np.int32(V)
     for i in range(tid, V, nt):  # increasing i: '>' keeps this thread's lowest tie
-        x = logits[b, i]
+        x = _w(logits, values, adj, b, i)
         if x > best:
             best, bi = x, np.int32(i)
-    best, bi = block_argmax(best, bi, sv, si)
+    best, bi = block_argmax(best, bi, sd, si)
     t = np.float64(temperature[s])
-    if t < GREEDY_EPS or bi >= V:  # greedy, or no finite logit (the CPU gives 0 then)
-        if tid == 0:
-            tok = bi if bi < V else 0
-            out_tokens[b] = tok
-            token_ids[s, pos] = tok
-            num_tokens[s] = pos + 1
-        return
-    m, inv_t = np.float64(best), 1.0 / t
-    chunk = (V + nt - 1) // nt
-    lo, hi = imin(V, tid * chunk), imin(V, tid * chunk + chunk)
-    acc = 0.0
-    for i in range(lo, hi):
-        acc += _e(logits[b, i], m, inv_t)
-    sums[tid] = acc
-    cuda.syncthreads()
+    tok = np.int64(0)  # no finite logit: 0, as the CPU
+    if t < GREEDY_EPS:
+        tok = bi if bi < V else 0
+    elif bi < V:
+        k, p, mp = top_k[s], np.float64(top_p[s]), np.float64(min_p[s])
+        u = uniform(seed[s], pos)
+        if mp > 0.0 or 0 < k < V or p < 1.0:
+            tok = _draw_filtered(logits, values, adj, b, best, 1.0 / t, u, k, p, mp, sd, si,
+                                 hh, hl, tc, tm, ri, rf)  # fmt: skip
+        else:
+            tok = _draw_in_id_order(logits, values, adj, b, best, 1.0 / t, u, tm, ri)
     if tid == 0:
-        z = 0.0
-        for c in range(nt):
-            z += sums[c]
-        target = uniform(seed[s], pos) * z
-        run, found, last, last_start = 0.0, -1, 0, 0.0
-        start = 0.0
-        for c in range(nt):
-            if sums[c] > 0.0:
-                last, last_start = c, run
-            if found < 0 and run + sums[c] > target:
-                found, start = c, run
-            run += sums[c]
-        if found < 0:  # u * z rounded up to z: take the last token with e > 0
-            found, start = last, last_start
-        pick[0] = found
-        pick_f[0] = start
-        pick_f[1] = target
-    cuda.syncthreads()
-    if tid == pick[0]:
-        run, target, tok = pick_f[0], pick_f[1], lo
-        for i in range(lo, hi):
-            e = _e(logits[b, i], m, inv_t)
-            run += e
-            if e > 0.0:
-                tok = i
-                if run > target:
-                    break
         out_tokens[b] = tok
         token_ids[s, pos] = tok
         num_tokens[s] = pos + 1
-
-
-_FIELDS = ("temperature", "seed", "top_k", "top_p", "min_p", "presence_penalty",
-           "frequency_penalty", "repetition_penalty", "min_tokens", "prompt_len", "num_bias",
-           "num_min_stop_ids")  # fmt: skip
 
 
 def device_table(table: SamplingTable, *, stream=0) -> SamplingTable:
@@ -139,34 +181,67 @@ def device_table(table: SamplingTable, *, stream=0) -> SamplingTable:
     )
 
 
-def sample(
-    logits, slots, positions, table: SamplingTable, token_ids, num_tokens, out_tokens, *, stream=0
-) -> None:
+_scratch_cache: dict = {}
+
+
+def _default_scratch(B: int, V: int) -> SamplerScratch:
+    """Made once per (power-of-two rows, V) and kept for the process: captured graphs may hold
+    any of them, so none is ever freed or replaced."""
+    rows = 1 << max(B - 1, 0).bit_length()
+    key = (rows, V)
+    if key not in _scratch_cache:
+        _scratch_cache[key] = SamplerScratch.create(rows, V)
+    return _scratch_cache[key]
+
+
+def _check_table(table, S: int) -> None:
+    for name, (dtype, width) in TABLE_LAYOUT.items():
+        shape = (S, width) if width else (S,)
+        check("sample", f"table.{name}", getattr(table, name), dtype, len(shape), shape)
+
+
+def sample(logits, slots, positions, table: SamplingTable, token_ids, num_tokens, out_tokens, *,
+           out_logprobs: LogprobsOut | None = None, scratch: SamplerScratch | None = None,
+           stream=0) -> None:  # fmt: skip
     """Sample one token per row into out_tokens and the mirror: token_ids[slot, position] and
     num_tokens[slot] = position + 1. Rows with slot -1 are padding (token -1, nothing written);
     so are rows whose slot or position is out of range (the launcher cannot see device values).
 
-    logits [B, V] float32 (read only); slots, positions, out_tokens [B] int32; token_ids
+    logits [B, V <= 2^18] float32 (read only); slots, positions, out_tokens [B] int32; token_ids
     [max_slots, max_len] int32; num_tokens [max_slots] int32; table: a SamplingTable of device
-    arrays (device_table). A slot may appear once per call. Rows needing features this sampler
-    lacks get UNSUPPORTED (see the module docstring)."""
+    arrays (device_table). A slot may appear once per call. out_logprobs: a LogprobsOut [B]
+    (rows whose slot has num_logprobs < 0 are left untouched). scratch: SamplerScratch with
+    >= B rows; without it a per-process one is made on first use (so pass one, or call once
+    with these shapes, before capturing a graph; concurrent streams need one each)."""
     check("sample", "logits", logits, np.float32, 2)
-    B = logits.shape[0]
+    B, V = logits.shape
     for name, a in (("slots", slots), ("positions", positions), ("out_tokens", out_tokens)):
         check("sample", name, a, np.int32, 1, (B,))
     check("sample", "token_ids", token_ids, np.int32, 2)
     S = token_ids.shape[0]
     check("sample", "num_tokens", num_tokens, np.int32, 1, (S,))
-    fields = []
-    for name in _FIELDS:
-        dtype, _ = TABLE_LAYOUT[name]
-        a = getattr(table, name)
-        check("sample", f"table.{name}", a, dtype, 1, (S,))
-        fields.append(a)
+    _check_table(table, S)
+    if out_logprobs is not None:
+        check_logprobs_out("sample", out_logprobs, B)
+    if scratch is not None:
+        rows = scratch.values.shape[0]
+        check("sample", "scratch.values", scratch.values, np.float64, 2, (rows, V))
+        check("sample", "scratch.counts", scratch.counts, np.int32, 2, (rows, V))
+        if rows < B:
+            raise ValueError(f"sample: scratch has {rows} rows, the batch {B}")
     if B == 0:
         return
-    if logits.shape[1] == 0:
-        raise ValueError("sample: empty vocabulary")
+    if not 0 < V <= MAX_VOCAB:
+        raise ValueError(f"sample: vocabulary of {V}; 1 to {MAX_VOCAB} tokens supported")
+    if scratch is None:
+        scratch = _default_scratch(B, V)
+    launch_adjust(logits, slots, positions, table, token_ids, scratch, THREADS, stream)
     _sample_kernel[B, THREADS, stream](
-        logits, slots, positions, *fields, token_ids, num_tokens, out_tokens
-    )
+        logits, slots, positions, table.temperature, table.seed, table.top_k, table.top_p,
+        table.min_p, table.presence_penalty, table.frequency_penalty, table.repetition_penalty,
+        table.min_tokens, table.prompt_len, table.num_bias, table.num_min_stop_ids, token_ids,
+        num_tokens, scratch.values, out_tokens,
+    )  # fmt: skip
+    if out_logprobs is not None:
+        launch_sample_logprobs(logits, slots, table.num_logprobs, out_tokens, out_logprobs,
+                               stream)  # fmt: skip

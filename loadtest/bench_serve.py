@@ -139,6 +139,7 @@ async def send(client: httpx.AsyncClient, args, model: str | None, p: Prompt, t0
         max_tokens=p.output_len,
         expect_tokens=p.output_len if args.ignore_eos else None,
         expect_prompt=None if chat else len(p.prompt),
+        usage_with_finish=args.usage_with_finish,
     )
     res = Result(p.index, p.input_len, p.output_len)
     start = time.perf_counter()
@@ -313,6 +314,8 @@ def print_report(args, s: dict) -> None:
     for reason, n in sorted(s["finish_reasons"].items()):
         row(f"finish_reason {reason}", n)
     row("Chunks with U+FFFD", s["chunks_with_replacement_char"])
+    if args.usage_with_finish:
+        row("Usage on the finish chunk accepted", "yes")
     if s["prefix_cache_hit_rate"] is not None:
         row("Prefix cache hit rate (server)", f"{s['prefix_cache_hit_rate']:.1%}")
     print("=" * w)
@@ -378,6 +381,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=("logprobs", "usage"),
         default="logprobs",
         help="count streamed tokens by logprobs entries (exact), or trust usage",
+    )
+    p.add_argument(
+        "--usage-with-finish",
+        action="store_true",
+        help="peers only: accept the usage on the finish_reason chunk instead of a chunk of its "
+        "own (llama.cpp's llama-server on /v1/completions)",
+    )
+    p.add_argument(
+        "--no-keepalive",
+        action="store_true",
+        help="a new connection per request (llama-server closes them after a stream)",
     )
     p.add_argument("--slo", type=_slo, default={}, help="goodput SLOs in ms: ttft=500,tpot=50")
     p.add_argument(
@@ -448,7 +462,10 @@ async def prefix_counters(client, base: str) -> tuple[float, float] | None:
 
 async def main_async(args) -> int:
     timeout = httpx.Timeout(args.read_timeout, connect=args.connect_timeout, pool=None)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # --no-keepalive: a connection per request, for servers that close a connection after a
+    # streamed response while announcing keep-alive (a reused one then fails on the next send).
+    keep = 0 if args.no_keepalive else None
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=keep)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         model = await resolve_model(client, args)
         prompts = await make_prompts(args, client, args.num_prompts, args.seed)

@@ -54,8 +54,13 @@ class StreamCheck:
         max_tokens: int | None = None,
         expect_tokens: int | None = None,
         expect_prompt: int | None = None,
+        usage_with_finish: bool = False,
     ):
         self.chat, self.count, self.include_usage = chat, count, include_usage
+        # A peer-compatibility allowance, off by default: the usage may ride on the chunk that
+        # carries the finish_reason instead of a chunk of its own with `choices == []` (llama.cpp's
+        # llama-server does this on /v1/completions). Counts and placement are still checked.
+        self.usage_with_finish = usage_with_finish
         self.max_tokens, self.expect_tokens, self.expect_prompt = (
             max_tokens,
             expect_tokens,
@@ -148,9 +153,11 @@ class StreamCheck:
         if not isinstance(choices, list):
             self.fail("bad_chunk", "choices is not a list")
             return 0
+        if self.num_usage and choices:
+            self.fail("usage_misplaced", "a content chunk after the usage chunk")
         if usage is not None:
             self.num_usage += 1
-            if choices:
+            if choices and not (self.usage_with_finish and self._finishes(choices)):
                 self.fail("usage_misplaced", "usage on a chunk that has choices")
             elif not isinstance(usage, dict) or not all(
                 isinstance(usage.get(k), int)
@@ -159,13 +166,16 @@ class StreamCheck:
                 self.fail("bad_chunk", f"malformed usage {usage!r}")
             else:
                 self.usage = usage
-            return 0
-        if not choices:
+            if not choices:
+                return 0
+        elif not choices:
             self.fail("bad_chunk", "a chunk with neither choices nor usage")
             return 0
-        if self.num_usage:
-            self.fail("usage_misplaced", "a content chunk after the usage chunk")
         return sum(self._choice(c) for c in choices)
+
+    @staticmethod
+    def _finishes(choices: list) -> bool:
+        return all(isinstance(c, dict) and c.get("finish_reason") is not None for c in choices)
 
     def _choice(self, choice) -> int:
         if not isinstance(choice, dict) or choice.get("index") != 0:

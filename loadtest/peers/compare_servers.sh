@@ -1,32 +1,90 @@
 #!/usr/bin/env bash
-# vtllm's server and llama.cpp's (llama-cpp-python) on the same GGUF, same thread count, same
-# bench_serve workload, one after the other in one run. Needs .venv (vtllm) and .venv-peers
-# (llama-cpp-python + its server extras: fastapi uvicorn sse-starlette starlette-context
-# pydantic-settings). Chat endpoint (llama-cpp-python takes no token-id prompts); EOS is masked
-# with logit_bias on both, so every output is max_tokens long.
+# vtllm's HTTP server against llama.cpp's own `llama-server` (build_llama_server.sh) on the same
+# GGUF file, thread count and slot count, with the same bench_serve workload, in one run:
+# for each concurrency C, start vtllm, benchmark it, stop it, then the same for llama-server.
+# Both get a fresh process per C with C slots (vtllm --max-num-seqs C, llama-server --parallel C)
+# and 4096 tokens of context per slot (vtllm's default --max-model-len).
+#
+#   flock -x /tmp/vtllm-cpu.lock bash loadtest/peers/compare_servers.sh
+#
+# Environment: THREADS (2), CONCURRENCY ("1 4 16"), OUT (/tmp/compare_servers),
+# LLAMA_SERVER (.peers-build/build/bin/llama-server), VT_ENV (extra VT_* settings for vtllm,
+# e.g. "VT_CPU_NUMERICS=fast"; the run's name gets it as a suffix via VT_TAG).
+# Afterwards: python loadtest/peers/compare_table.py $OUT prints the table with ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-MODEL=$(.venv/bin/python -c 'from vtllm.models.default_model import default_model_path as p; print(p())')
+PY=.venv/bin/python
+export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}  # vtllm's compiled kernels
+LLAMA_SERVER=${LLAMA_SERVER:-.peers-build/build/bin/llama-server}
 THREADS=${THREADS:-2}
+CONCURRENCY=${CONCURRENCY:-1 4 16}
 OUT=${OUT:-/tmp/compare_servers}
+VT_ENV=${VT_ENV:-}
+VT_TAG=${VT_TAG:-vtllm}
+PORT_VT=${PORT_VT:-8091}
+PORT_LL=${PORT_LL:-8092}
+[ -x "$LLAMA_SERVER" ] || { echo "compare_servers: no $LLAMA_SERVER (make peer-llama-server)" >&2; exit 2; }
+# The file vtllm serves by default, passed explicitly to both servers.
+MODEL=$($PY -c 'from vtllm.models.default_model import default_model_path as p; print(p())')
 mkdir -p "$OUT"
-BENCH=(--endpoint chat --input-len 128 --output-len 64 --warmup 2
-       --extra-body '{"logit_bias": {"2": -100}}' --token-count usage --seed 1)
 
-wait_ready() { for _ in $(seq 600); do curl -sf "$1/v1/models" >/dev/null && return 0; sleep 0.5; done; return 1; }
+# Completions with token-id prompts: both servers get the very same ids (same seed), no chat
+# template or tokenizer round trip in between, and usage.prompt_tokens is checked against them.
+# Greedy (temperature 0) so neither server's default sampler chain is part of the comparison;
+# ignore_eos fixes every output at 64 tokens, checked against usage and finish_reason=length.
+# A connection per request for both: llama-server closes a connection after each stream while
+# announcing keep-alive, so a reused one fails now and then ("disconnected without a response").
+BENCH=(--endpoint completions --input-len 128 --output-len 64 --ignore-eos --temperature 0
+       --token-count usage --seed 1 --no-keepalive)
 
-run_all() {  # name base-url
-  for c in 1 4 16; do
-    n=$(( c == 1 ? 12 : 4 * c ))
-    .venv/bin/python loadtest/bench_serve.py --base-url "$2" "${BENCH[@]}" --num-prompts "$n" \
-      --max-concurrency "$c" --save-json "$OUT/$1_c$c.json" > "$OUT/$1_c$c.txt" || true
-    echo "$1 c=$c done"
+wait_ready() {  # url pid
+  for _ in $(seq 1200); do
+    curl -sf "$1/health" >/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.5
   done
+  return 1
 }
 
-.venv/bin/python -m vtllm serve --port 8091 --cpu-threads "$THREADS" --log-level warning &
-pid=$!; wait_ready http://127.0.0.1:8091; run_all vtllm http://127.0.0.1:8091; kill $pid; wait $pid || true
+bench() {  # name url concurrency [bench_serve flags]
+  local name=$1 url=$2 c=$3 n
+  shift 3
+  n=$(( c == 1 ? 16 : 4 * c < 32 ? 32 : 4 * c ))
+  echo "== $name c=$c ($n prompts, $(uptime | sed 's/.*load/load/'))"
+  $PY loadtest/bench_serve.py --base-url "$url" "${BENCH[@]}" "$@" --num-prompts "$n" \
+    --warmup "$(( c < 2 ? 2 : c ))" --max-concurrency "$c" --save-json "$OUT/${name}_c$c.json" \
+    > "$OUT/${name}_c$c.txt" 2>&1 || echo "   $name c=$c: bench_serve exit $? (see $OUT/${name}_c$c.txt)"
+  grep -E "Successful|Failed|failed:|Output token|Median TTFT|P99 TTFT|Median TPOT" \
+    "$OUT/${name}_c$c.txt" | sed 's/^/   /' || true
+}
 
-.venv-peers/bin/python -m llama_cpp.server --model "$MODEL" --n_threads "$THREADS" \
-  --n_threads_batch "$THREADS" --n_ctx 4096 --port 8092 --host 127.0.0.1 >"$OUT/llamacpp.log" 2>&1 &
-pid=$!; wait_ready http://127.0.0.1:8092; run_all llamacpp http://127.0.0.1:8092; kill $pid; wait $pid || true
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+{
+  echo "date: $(date -u +%FT%TZ)"; echo "host: $(uname -srm), $(nproc) cpus"
+  grep -m1 "model name" /proc/cpuinfo; echo "model: $MODEL"; echo "threads: $THREADS"
+  echo "vtllm: $(git rev-parse --short HEAD 2>/dev/null)" \
+    "(+$(git status --porcelain 2>/dev/null | wc -l) changed files) $VT_ENV"
+  echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | tr '\n' ' ')"
+} > "$OUT/${VT_TAG}_env.txt"
+
+for c in $CONCURRENCY; do
+  env $VT_ENV $PY -m vtllm serve --model "$MODEL" --port "$PORT_VT" --cpu-threads "$THREADS" \
+    --max-num-seqs "$c" --max-model-len 4096 --log-level warning > "$OUT/${VT_TAG}_c$c.log" 2>&1 &
+  pid=$!
+  if wait_ready "http://127.0.0.1:$PORT_VT" $pid; then bench "$VT_TAG" "http://127.0.0.1:$PORT_VT" "$c"
+  else echo "vtllm did not start (see $OUT/${VT_TAG}_c$c.log)" >&2; fi
+  stop $pid
+
+  [ -n "${SKIP_PEER:-}" ] && continue
+  "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT_LL" -t "$THREADS" -tb "$THREADS" \
+    --parallel "$c" --ctx-size $(( 4096 * c )) --cont-batching --no-webui \
+    > "$OUT/llamacpp_c$c.log" 2>&1 &
+  pid=$!
+  # llama-server puts the usage on the finish_reason chunk of /v1/completions streams (not on a
+  # chunk of its own); bench_serve accepts that only when told, and only the peer is told.
+  if wait_ready "http://127.0.0.1:$PORT_LL" $pid; then
+    bench llamacpp "http://127.0.0.1:$PORT_LL" "$c" --usage-with-finish
+  else echo "llama-server did not start (see $OUT/llamacpp_c$c.log)" >&2; fi
+  stop $pid
+done

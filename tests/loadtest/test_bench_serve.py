@@ -156,6 +156,118 @@ def test_stream_check(name, events, kind):
             assert "".join(check.text) == "Hello you"
 
 
+# llama.cpp's llama-server on /v1/completions: the usage rides on the finish_reason chunk.
+def usage_body(completion):
+    return {"prompt_tokens": 3, "completion_tokens": completion, "total_tokens": 3 + completion}
+
+
+def finish_with_usage(completion):
+    return chunk("", reason="length", lp=False, usage=usage_body(completion))
+
+
+PEER = [chunk("Hel", lp=False), chunk("lo", lp=False), chunk(" you", lp=False)]
+PEER_CASES = [
+    ("peer-shape", [*PEER, finish_with_usage(3), DONE], False, "usage_misplaced"),
+    ("peer-shape-allowed", [*PEER, finish_with_usage(3), DONE], True, None),
+    (
+        "separate-usage-allowed",
+        [*PEER[:2], chunk(" you", reason="length"), usage(3), DONE],
+        True,
+        None,
+    ),
+    (
+        "usage-before-finish",
+        [*PEER[:2], chunk(" you", usage=usage_body(3)), DONE],
+        True,
+        "usage_misplaced",
+    ),
+    (
+        "content-after-finish-usage",
+        [*PEER, finish_with_usage(3), chunk("x"), DONE],
+        True,
+        "usage_misplaced",
+    ),
+    ("finish-usage-mismatch", [*PEER, finish_with_usage(5), DONE], True, "length_mismatch"),
+    ("finish-usage-twice", [*PEER, finish_with_usage(3), usage(3), DONE], True, "usage_count"),
+]
+
+
+@pytest.mark.parametrize("name,events,allow,kind", PEER_CASES, ids=[c[0] for c in PEER_CASES])
+def test_usage_with_finish_is_an_explicit_allowance(name, events, allow, kind):
+    check = stream_check.StreamCheck(
+        chat=False, count="usage", max_tokens=3, expect_tokens=3, usage_with_finish=allow
+    )
+    check.feed("".join(events).encode())
+    check.finish()
+    assert (check.error or (None,))[0] == kind, check.error
+    if kind is None:
+        assert check.output_tokens == 3 and "".join(check.text) == "Hello you"
+
+
+class _PeerLike(http.server.BaseHTTPRequestHandler):
+    """Streams /v1/completions as llama.cpp's llama-server does (usage on the finish chunk) over
+    keep-alive HTTP/1.1 connections, and counts connections and requests."""
+
+    protocol_version = "HTTP/1.1"
+    connections = requests = 0
+
+    def setup(self):
+        type(self).connections += 1
+        super().setup()
+
+    def _send(self, status, ctype, body: bytes):
+        type(self).requests += 1
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self._send(200, "application/json", b'{"object": "list", "data": [{"id": "m"}]}')
+        else:
+            self._send(404, "application/json", b'{"error": {"message": "no"}}')
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n, p = req["max_tokens"], len(req["prompt"])
+        events = [chunk("a", lp=False) for _ in range(n)]
+        body = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+        events += [chunk("", reason="length", lp=False, usage=body), DONE]
+        self._send(200, "text/event-stream", "".join(events).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def peer_like():
+    _PeerLike.connections = _PeerLike.requests = 0
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _PeerLike)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.mark.parametrize("peer_flags", [False, True])
+def test_peer_flags_end_to_end(peer_like, peer_flags):
+    flags = ["--usage-with-finish", "--no-keepalive"] if peer_flags else []
+    r = bench(
+        *("--base-url", peer_like, "--num-prompts", "6", "--max-concurrency", "1"),
+        *("--input-len", "5", "--output-len", "3", "--ignore-eos", "--token-count", "usage"),
+        *flags,
+    )
+    if peer_flags:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Successful requests:                             6" in r.stdout
+        assert _PeerLike.connections == _PeerLike.requests >= 7  # one connection per request
+    else:  # the strict default: usage belongs on a chunk of its own; connections are reused
+        assert r.returncode == 1 and "failed: usage_misplaced" in r.stdout
+        assert _PeerLike.connections < _PeerLike.requests
+
+
 # -- bad input to the tool ------------------------------------------------------------------------
 
 

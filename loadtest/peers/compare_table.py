@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The BENCHMARKS.md table from compare_servers.sh's bench_serve --save-json files.
+
+    python loadtest/peers/compare_table.py /tmp/compare_servers [--runs vtllm llamacpp]
+
+Reads OUT/<run>_c<C>.json for every run name and concurrency found, and prints one markdown
+row per (concurrency, run): requests ok/failed, TTFT p50/p99, TPOT p50, output tok/s, and the
+ratios of each to the peer run (the last of --runs, llamacpp by default): output tok/s as run/peer
+(above 1: the run is faster), latencies as run/peer (below 1: the run is faster). A run with a
+failed request is marked, since its numbers cover only the requests that passed.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+
+def load(out: str, runs: list[str]) -> dict[int, dict[str, dict]]:
+    """{concurrency: {run: summary}} for the files present."""
+    table: dict[int, dict[str, dict]] = {}
+    pattern = re.compile(r"^(?P<run>.+)_c(?P<c>\d+)\.json$")
+    for name in sorted(os.listdir(out)):
+        m = pattern.match(name)
+        if not m or m["run"] not in runs:
+            continue
+        with open(os.path.join(out, name)) as f:
+            table.setdefault(int(m["c"]), {})[m["run"]] = json.load(f)["summary"]
+    return table
+
+
+def _ratio(a, b) -> str:
+    return "n/a" if a is None or not b else f"{a / b:.2f}"
+
+
+def _ms(value) -> str:
+    return "n/a" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def rows(table: dict[int, dict[str, dict]], runs: list[str]) -> list[str]:
+    peer = runs[-1]
+    out = [
+        "| C | server | ok / failed | TTFT p50 / p99 (ms) | TPOT p50 (ms) | out tok/s "
+        f"| tok/s vs {peer} | TTFT p50 / p99 vs {peer} | TPOT p50 vs {peer} |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(table):
+        ref = table[c].get(peer)
+        for run in runs:
+            s = table[c].get(run)
+            if s is None:
+                continue
+            ttft, tpot, tps = s["ttft_ms"], s["tpot_ms"]["median"], s["output_throughput"]
+            vs = ["", "", ""]
+            if ref is not None and run != peer:
+                vs = [
+                    _ratio(tps, ref["output_throughput"]),
+                    f"{_ratio(ttft['median'], ref['ttft_ms']['median'])} / "
+                    f"{_ratio(ttft['p99'], ref['ttft_ms']['p99'])}",
+                    _ratio(tpot, ref["tpot_ms"]["median"]),
+                ]
+            mark = " (failures)" if s["failed"] else ""
+            out.append(
+                f"| {c} | {run}{mark} | {s['completed']} / {s['failed']} "
+                f"| {_ms(ttft['median'])} / {_ms(ttft['p99'])} | {_ms(tpot)} | {tps:.1f} "
+                f"| {' | '.join(vs)} |"
+            )
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="compare_table", description=__doc__.split("\n\n")[0])
+    p.add_argument("out", help="compare_servers.sh's OUT directory")
+    p.add_argument("--runs", nargs="+", default=["vtllm", "llamacpp"], help="last one: the peer")
+    args = p.parse_args(argv)
+    if not os.path.isdir(args.out):
+        print(f"compare_table: error: no directory {args.out}", file=sys.stderr)
+        return 2
+    table = load(args.out, args.runs)
+    if not table:
+        print(f"compare_table: error: no <run>_c<C>.json files in {args.out}", file=sys.stderr)
+        return 2
+    print("\n".join(rows(table, args.runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

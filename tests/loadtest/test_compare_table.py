@@ -1,0 +1,56 @@
+"""loadtest/peers/compare_table.py: the serving comparison table from bench_serve JSON files."""
+
+import json
+import subprocess
+import sys
+
+from tests.server.conftest import ROOT
+
+TABLE = ROOT / "loadtest" / "peers" / "compare_table.py"
+
+
+def summary(ttft50, ttft99, tpot50, tps, failed=0):
+    stats = {"mean": None, "p90": None}
+    return {
+        "summary": {
+            "completed": 8 - failed,
+            "failed": failed,
+            "ttft_ms": stats | {"median": ttft50, "p99": ttft99},
+            "tpot_ms": stats | {"median": tpot50, "p99": None},
+            "output_throughput": tps,
+        }
+    }
+
+
+def run(*args):
+    return subprocess.run(
+        [sys.executable, str(TABLE), *map(str, args)], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_rows_and_ratios_against_the_peer(tmp_path):
+    files = {
+        "vtllm_c1": summary(200, 250, 16.0, 50.0),
+        "llamacpp_c1": summary(400, 500, 12.5, 40.0),
+        "vtllm_c16": summary(3000, 3300, 50.0, 150.0, failed=1),
+        "llamacpp_c16": summary(6000, 6600, 100.0, 75.0),
+        "other_c1": summary(1, 1, 1.0, 1.0),  # not among --runs: ignored
+    }
+    for name, body in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(body))
+    r = run(tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 + 4 and "other" not in r.stdout
+    assert lines[2] == "| 1 | vtllm | 8 / 0 | 200 / 250 | 16.0 | 50.0 | 1.25 | 0.50 / 0.50 | 1.28 |"
+    assert lines[3] == "| 1 | llamacpp | 8 / 0 | 400 / 500 | 12.5 | 40.0 |  |  |  |"
+    assert lines[4].startswith(
+        "| 16 | vtllm (failures) | 7 / 1 | 3000 / 3300 | 50.0 | 150.0 | 2.00"
+    )
+
+
+def test_missing_inputs_exit_2(tmp_path):
+    r = run(tmp_path / "nope")
+    assert r.returncode == 2 and r.stderr.startswith("compare_table: error: no directory")
+    r = run(tmp_path)
+    assert r.returncode == 2 and "no <run>_c<C>.json" in r.stderr

@@ -17,7 +17,7 @@ for shape in "${shapes[@]}"; do
         eval "$mode"
         started=$(date +%s.%N)
         python3 -m vtllm bench latency --model "$work/$shape" --device cuda \
-            --cuda-graphs "$graphs" --async-depth "$depth" --max-num-seqs 8 \
+            --cuda-graphs "$graphs" --async-depth "$depth" --max-num-seqs 8 --cpu-numerics exact \
             --prompt-len 128 --decode-len 128 --repeats 3 --json > "$results.json" 2> "$results.err"
         status=$?
         python3 - "$shape" "$graphs" "$depth" "$results.json" "$status" "$started" <<'PY' | tee -a "$results"

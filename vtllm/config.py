@@ -83,6 +83,13 @@ KNOBS = (
         1.0,
     ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
+    Knob(
+        "cpu_numerics",
+        "str",
+        "exact",
+        "CPU matmuls: exact (float32) or fast (int8 activations, llama.cpp-style)",
+        choices=("exact", "fast"),
+    ),
     Knob("device", "str", "cpu", "where the model runs", choices=("cpu", "cuda")),
     Knob("cuda_graphs", "bool", True, "replay decode steps as CUDA graphs (off: eager, to debug)"),
     Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),
@@ -133,6 +140,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     async_depth: int = 2
     shadow_check_rate: float = 0.0
     cpu_threads: int = 0
+    cpu_numerics: str = "exact"
     device: str = "cpu"
     cuda_graphs: bool = True
     host: str = "127.0.0.1"

@@ -20,17 +20,20 @@ class LLM:
         *,
         async_depth: int | None = None,
         enable_prefix_caching: bool | None = None,
+        numerics: str | None = None,
         cli: dict | None = None,
         loaded_model: LoadedModel | None = None,
         **knobs,
     ):
         """Knobs are the settings of vtllm.config (max_num_seqs=..., kv_cache_memory=...);
-        `loaded_model` reuses weights already in memory (benchmarks across settings)."""
+        `loaded_model` reuses weights already in memory (benchmarks across settings);
+        `numerics` is the cpu_numerics knob: "exact" (float32) or "fast" (int8 activations)."""
         self.config, _ = resolve(
             cli,
             model=model,
             async_depth=async_depth,
             enable_prefix_caching=enable_prefix_caching,
+            cpu_numerics=numerics if numerics is not None else knobs.pop("cpu_numerics", None),
             **knobs,
         )
         parts = build_parts(self.config, loaded_model)

@@ -1,5 +1,6 @@
 """`python -m vtllm bench latency|throughput`: speed of the offline engine on this machine."""
 
+import gc
 import json
 import platform
 import resource
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vtllm.cli import cli_settings
 from vtllm.scheduler.sampling_params import SamplingParams
 
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "loadtest" / "peers" / "llamacpp_latency.py"
@@ -51,10 +53,25 @@ def run_bench(args) -> int:
         overrides = {"enable_prefix_caching": False}
         if args.max_num_batched_tokens is None:
             overrides["max_num_batched_tokens"] = max(2048, args.prompt_len)
-        llm = load_llm(args, **overrides)
-        report = bench_latency(llm, args.prompt_len, args.decode_len, args.repeats)
+        # On the CPU without --cpu-numerics both numerics run, on the same loaded weights, then
+        # the peer; the knob means nothing on a GPU, where one run is made.
+        _, settings = cli_settings(args)
+        if args.cpu_numerics or settings.device != "cpu":
+            numerics = [settings.cpu_numerics]
+        else:
+            numerics = ["exact", "fast"]
+        report, loaded = {}, None
+        for name in numerics:
+            llm = load_llm(args, cpu_numerics=name, loaded_model=loaded, **overrides)
+            loaded = llm.loaded
+            report[name] = bench_latency(llm, args.prompt_len, args.decode_len, args.repeats)
+            llm.backend.close()  # its worker thread, before the next engine starts
+            del llm
+            gc.collect()
         if args.peer_python:
-            report["llama.cpp"] = run_peer(args.peer_python, llm, args)
+            peer = run_peer(args.peer_python, loaded, report[numerics[0]]["threads"], args)
+            report["llama.cpp"] = peer
+            report["ratios"] = _ratios(report, numerics)
         _print(report, args.json)
         return 0
     from vtllm.cli.throughput import bench_throughput
@@ -91,6 +108,7 @@ def bench_latency(llm, prompt_len: int, decode_len: int, repeats: int) -> dict:
         "model": str(llm.loaded.path),
         "threads": llm.threads,
         "async_depth": llm.config.async_depth,
+        "cpu_numerics": llm.config.cpu_numerics,
         "prompt_len": prompt_len,
         "decode_len": decode_len,
         "prefill_tok_s": {"best": max(prefill), "median": statistics.median(prefill)},
@@ -100,14 +118,27 @@ def bench_latency(llm, prompt_len: int, decode_len: int, repeats: int) -> dict:
     }
 
 
-def run_peer(python: str, llm, args) -> dict:
+def _ratios(report: dict, numerics: list[str]) -> dict:
+    """vtllm median / llama.cpp median, per numerics and phase."""
+    peer = report["llama.cpp"]
+    if "error" in peer:
+        return {}
+    out = {}
+    for name in numerics:
+        for phase in ("prefill", "decode"):
+            ours = report[name][f"{phase}_tok_s"]["median"]
+            out[f"{name} {phase}"] = round(ours / peer[f"{phase}_tok_s_median"], 3)
+    return out
+
+
+def run_peer(python: str, loaded, threads: int, args) -> dict:
     cmd = [
         python,
         str(PEER_SCRIPT),
         "--model",
-        str(llm.loaded.path),
+        str(loaded.path),
         "--threads",
-        str(llm.threads),
+        str(threads),
         "--prompt-len",
         str(args.prompt_len),
         "--decode-len",

@@ -56,7 +56,10 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
 
 
 def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
-    from vtllm.kernels import cpu as ops
+    if config.cpu_numerics == "fast":  # int8 activations in quantized matmuls
+        from vtllm.kernels.cpu import fast as ops
+    else:
+        from vtllm.kernels import cpu as ops
 
     threads = set_cpu_threads(config.cpu_threads)
     num_blocks = num_kv_blocks(

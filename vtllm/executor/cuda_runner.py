@@ -7,6 +7,11 @@ captured graph for decode batches), copies the sampled ids to pinned host memory
 an event. `finish` waits for that event and reads them: one step late with depth 2, while
 the next step already runs. Input ids are gathered from the device mirror, which the sampler
 writes, so the host never sends a token back.
+
+The id copy stays on the compute stream rather than a side stream: it is a few bytes queued
+right after the sampler and before the next step's work, so its event fires as soon as the
+step's tokens exist; a side stream would add an event wait, and a guard against the next step
+overwriting the sampler's output before the copy, for no gain.
 """
 
 import logging

@@ -1,0 +1,256 @@
+"""Explicit int8 vectors for the fast (int8) CPU path, beside _simd's float lanes.
+
+A `B64` value is an LLVM <64 x i8> (two 32-weight blocks side by side), an `I16` value an
+<16 x i32>. `dpbusd(acc, u, s)` is VNNI's vpdpbusd: lane i of acc gains the four products
+u[4i..4i+3] * s[4i..4i+3] (u unsigned, s signed), exact in int32. Where the host has
+AVX512-VNNI it is the LLVM intrinsic `llvm.x86.avx512.vpdpbusd.512`; elsewhere the same
+arithmetic is spelled in generic IR (widen, multiply, add groups of four), which any LLVM
+target compiles. Integer sums are exact, so both give the same bits; tests compare them.
+
+Why an intrinsic: numba's plain loop `acc += int32(w[k]) * int32(x[k])` is vectorized by
+LLVM 22 with vpmovzxbd / vpmovsxbd widening and 32-bit multiplies (no vpdpbusd, vpmaddubsw
+or vpmaddwd in `inspect_asm`), about 4x more instructions per product.
+"""
+
+import llvmlite.binding as llb
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic, models, register_model
+
+from vtllm.kernels.cpu._simd import V16, _check_array, _ivec, _ptr
+
+HAS_VNNI = bool(llb.get_host_cpu_features().get("avx512vnni", False))
+
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_VB = ir.VectorType(_I8, 64)
+_VI = ir.VectorType(_I32, 16)
+_VF = ir.VectorType(ir.FloatType(), 16)
+
+
+class B64Type(types.Type):
+    def __init__(self):
+        super().__init__(name="B64")
+
+
+class I16Type(types.Type):
+    def __init__(self):
+        super().__init__(name="I16")
+
+
+B64 = B64Type()
+I16 = I16Type()
+
+
+@register_model(B64Type)
+class _B64Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VB)
+
+
+@register_model(I16Type)
+class _I16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VI)
+
+
+def _load(builder, ptr, vty):
+    return builder.load(builder.bitcast(ptr, vty.as_pointer()), typ=vty, align=1)
+
+
+def _offset(context, builder, sig, args, i):
+    return context.cast(builder, args[i], sig.args[i], types.intp)
+
+
+_BYTES = (types.int8, types.uint8)
+
+
+@intrinsic
+def load_b64(typingctx, arr, off):
+    """64 bytes at flat offset off of an int8 / uint8 array."""
+    if not _check_array(arr, _BYTES):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], _offset(context, builder, sig, args, 1))
+        return _load(builder, ptr, _VB)
+
+    return B64(arr, off), codegen
+
+
+@intrinsic
+def store_b64(typingctx, arr, off, v):
+    if not _check_array(arr, _BYTES) or v != B64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], _offset(context, builder, sig, args, 1))
+        builder.store(args[2], builder.bitcast(ptr, _VB.as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.none(arr, off, v), codegen
+
+
+@intrinsic
+def load_i16(typingctx, arr, off):
+    """16 int32 at flat offset off of an int32 array."""
+    if not _check_array(arr, (types.int32,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], _offset(context, builder, sig, args, 1))
+        return _load(builder, ptr, _VI)
+
+    return I16(arr, off), codegen
+
+
+@intrinsic
+def izero(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_VI, [0] * 16)
+
+    return I16(), codegen
+
+
+@intrinsic
+def q4_pair(typingctx, w, off_a, off_b):
+    """Weights of two Q4 blocks whose 16 nibble bytes sit at byte offsets off_a and off_b, as
+    64 unsigned bytes in element order: a[0..15] (low nibbles), a[16..31] (high), then b."""
+    if not _check_array(w, (types.uint8,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptrs = [
+            _ptr(context, builder, sig.args[0], args[0], _offset(context, builder, sig, args, i))
+            for i in (1, 2)
+        ]
+        a, b = (_load(builder, p, ir.VectorType(_I8, 16)) for p in ptrs)
+        ab = builder.shuffle_vector(a, b, _ivec(range(32)))
+        v = builder.shuffle_vector(ab, ab, _ivec([*range(16)] * 2 + [*range(16, 32)] * 2))
+        # high nibbles: a 16-bit shift moves each byte's top nibble down (the bits that cross
+        # from the neighbour byte are masked off below)
+        words = builder.bitcast(v, ir.VectorType(_I16, 32))
+        four = ir.Constant(ir.VectorType(_I16, 32), [4] * 32)
+        shifted = builder.bitcast(builder.lshr(words, four), _VB)
+        hi_lane = ir.Constant(ir.VectorType(ir.IntType(1), 64), ([0] * 16 + [1] * 16) * 2)
+        return builder.and_(builder.select(hi_lane, shifted, v), ir.Constant(_VB, [15] * 64))
+
+    return B64(w, off_a, off_b), codegen
+
+
+@intrinsic
+def q8_pair(typingctx, w, off_a, off_b):
+    """Weights of two Q8_0 blocks (32 signed bytes each at off_a, off_b) plus 128, as unsigned
+    bytes: vpdpbusd multiplies unsigned by signed, and the 128 * sum(x) this adds is taken
+    back by the activation's correction lanes."""
+    if not _check_array(w, (types.uint8,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptrs = [
+            _ptr(context, builder, sig.args[0], args[0], _offset(context, builder, sig, args, i))
+            for i in (1, 2)
+        ]
+        a, b = (_load(builder, p, ir.VectorType(_I8, 32)) for p in ptrs)
+        ab = builder.shuffle_vector(a, b, _ivec(range(64)))
+        return builder.xor(ab, ir.Constant(_VB, [0x80] * 64))
+
+    return B64(w, off_a, off_b), codegen
+
+
+def _half_pair(context, builder, sig, args, extra):
+    """Two f16 scalars at byte offsets (args 1, 2) + extra -> <2 x float>."""
+    out = ir.Constant(ir.VectorType(ir.FloatType(), 2), ir.Undefined)
+    for lane, i in enumerate((1, 2)):
+        off = builder.add(_offset(context, builder, sig, args, i), ir.Constant(_I64, extra))
+        raw = _load(builder, _ptr(context, builder, sig.args[0], args[0], off), _I16)
+        val = builder.fpext(builder.bitcast(raw, ir.HalfType()), ir.FloatType())
+        out = builder.insert_element(out, val, ir.Constant(_I32, lane))
+    return out
+
+
+def _halves(extra):
+    def typer(typingctx, w, off_a, off_b):
+        """[f16 at off_a + extra] * 8 ++ [f16 at off_b + extra] * 8 as float32 lanes."""
+        if not _check_array(w, (types.uint8,)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            pair = _half_pair(context, builder, sig, args, extra)
+            return builder.shuffle_vector(pair, pair, _ivec([0] * 8 + [1] * 8))
+
+        return V16(w, off_a, off_b), codegen
+
+    return intrinsic(typer)
+
+
+scale_pair = _halves(0)  # block scales d (first two bytes of every GGML block)
+
+
+@intrinsic
+def min16(typingctx, w, off, stride, count):
+    """Q4_1 block minimums (f16 at byte 2 of each block) of 16 blocks from byte offset off,
+    `stride` bytes apart, as float32 lanes; lanes from `count` on are 0."""
+    if not _check_array(w, (types.uint8,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        off, stride, count = (_offset(context, builder, sig, args, i) for i in (1, 2, 3))
+        out = ir.Constant(_VF, [0.0] * 16)
+        for lane in range(16):
+            live = builder.icmp_signed("<", ir.Constant(_I64, lane), count)
+            k = builder.select(live, ir.Constant(_I64, lane), ir.Constant(_I64, 0))
+            o = builder.add(builder.add(off, builder.mul(k, stride)), ir.Constant(_I64, 2))
+            raw = _load(builder, _ptr(context, builder, sig.args[0], args[0], o), _I16)
+            val = builder.fpext(builder.bitcast(raw, ir.HalfType()), ir.FloatType())
+            val = builder.select(live, val, ir.Constant(ir.FloatType(), 0.0))
+            out = builder.insert_element(out, val, ir.Constant(_I32, lane))
+        return out
+
+    return V16(w, off, stride, count), codegen
+
+
+def _dpbusd_generic(builder, acc, u, s):
+    wide = ir.VectorType(_I32, 64)
+    prod = builder.mul(builder.zext(u, wide), builder.sext(s, wide))
+    for j in range(4):  # acc + p[4i] + p[4i+1] + p[4i+2] + p[4i+3], lane-wise
+        acc = builder.add(acc, builder.shuffle_vector(prod, prod, _ivec(range(j, 64, 4))))
+    return acc
+
+
+def _dpbusd(use_vnni):
+    def typer(typingctx, acc, u, s):
+        if acc != I16 or u != B64 or s != B64:
+            return None
+
+        def codegen(context, builder, sig, args):
+            if not use_vnni:
+                return _dpbusd_generic(builder, *args)
+            fnty = ir.FunctionType(_VI, [_VI, _VB, _VB])
+            fn = cgutils.get_or_insert_function(
+                builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512"
+            )
+            return builder.call(fn, list(args))
+
+        return I16(acc, u, s), codegen
+
+    return intrinsic(typer)
+
+
+dpbusd_vnni = _dpbusd(True)  # only callable where HAS_VNNI
+dpbusd_generic = _dpbusd(False)
+dpbusd = dpbusd_vnni if HAS_VNNI else dpbusd_generic
+
+
+@intrinsic
+def itof(typingctx, v):
+    """int32 lanes -> float32 lanes (exact below 2**24, which every block sum is)."""
+    if v != I16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _VF)
+
+    return V16(v), codegen

@@ -1,0 +1,47 @@
+"""The CPU kernel table for `fast` numerics: vtllm.kernels.cpu with int8 activations in every
+linear over Q4_0 / Q4_1 / Q8_0 weights. Float weights (F32 / F16 / BF16), attention, norms and
+sampling run the exact float32 kernels."""
+
+from vtllm.kernels.cpu import (
+    LogprobsOut,
+    SamplingTable,
+    embedding,
+    empty,
+    paged_attention,
+    prompt_logprobs,
+    rms_norm,
+    rope_cos_sin,
+    rotary,
+    sample,
+    silu_and_mul,
+    write_kv,
+)
+from vtllm.kernels.cpu import linear as linear_exact
+from vtllm.kernels.cpu.linear_int8 import QUANTIZED, linear_int8
+
+NUMERICS = "fast"
+
+
+def linear(x, w, qtype, out, *, bias=None) -> None:
+    """As vtllm.kernels.cpu.linear; quantized weights take the int8 kernel."""
+    if qtype in QUANTIZED:
+        linear_int8(x, w, qtype, out, bias=bias)
+    else:
+        linear_exact(x, w, qtype, out, bias=bias)
+
+
+__all__ = [
+    "LogprobsOut",
+    "SamplingTable",
+    "embedding",
+    "empty",
+    "linear",
+    "paged_attention",
+    "prompt_logprobs",
+    "rms_norm",
+    "rope_cos_sin",
+    "rotary",
+    "sample",
+    "silu_and_mul",
+    "write_kv",
+]

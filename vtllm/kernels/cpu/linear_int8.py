@@ -1,0 +1,332 @@
+"""out = x @ W.T (+ bias) for Q4_0 / Q4_1 / Q8_0 weights with int8 activations (the `fast`
+numerics). Hot path: keep it lean.
+
+Each row of x is quantized per 32-block to int8 (quant_int8). A pair of blocks is one
+512-bit vpdpbusd: 64 unsigned weight bytes (Q4 nibbles as they are; Q8_0 plus 128) times 64
+signed activation bytes, accumulated into 16 int32 lanes (8 per block) that start at the
+activation's correction (-8 S for Q4_0, -128 S for Q8_0). Exact integers so far; then one
+float multiply per block and one FMA per pair:
+
+    acc = 16 zero float lanes
+    for each pair p, in order:   acc = fma(float(D_p), d_w x d_x, acc)         (lane-wise)
+    Q4_1, each 16 blocks g:      acc = fma(m_w[g's 16 blocks], d_x S [same], acc)
+    out[m, n] = hsum(acc) + bias[n]
+
+That is one fixed sequence per output element whatever M, the other rows, the path (GEMV /
+GEMM tile) or the thread count, so results are batch-invariant to the bit, as in linear.py.
+Small M runs `_gemv_kernel` (weights unpacked in registers, 4 rows of W per activation pair
+load); larger M runs `_gemm_kernel`, where each task unpacks a tile of W once into scratch
+(bytes, scale lanes, min lanes) and a 4x4 register-blocked microkernel sweeps a panel of x.
+Quantizing x happens inside the same call (a prange over rows in the GEMM).
+
+What LLVM emits (llvmlite 0.50 / LLVM 22, `inspect_asm` of the GEMV compiled without the cache,
+on this AVX512-VNNI host): per pair and W row one `vpdpbusd zmm`, one `vcvtdq2ps zmm`, one
+`vmulps` and one `vfmadd231ps zmm`; Q4 nibbles unpack with vbroadcasti128 / vinserti64x4,
+vpsrlw and a masked byte merge + vpandq; f16 scales with vcvtsh2ss + vpermt2ps. A plain numba
+loop over int8 gives none of vpdpbusd / vpmaddubsw / vpmaddwd (LLVM widens to int32 with
+vpmovzxbd and multiplies 32-bit lanes), hence the explicit intrinsics in _int8simd; without
+VNNI they fall back to generic IR (see _int8simd.dpbusd). test_llvm_emits_vpdpbusd checks it.
+"""
+
+import numba
+import numpy as np
+from numba import njit, prange
+from numba.core.types import float32 as f32
+from numba.core.types import int64 as i64
+from numba.core.types import uint8 as u8
+from numba.core.types import void
+
+from vtllm.kernels import QK, QType
+from vtllm.kernels.cpu._int8simd import (
+    dpbusd,
+    itof,
+    load_b64,
+    load_i16,
+    min16,
+    q4_pair,
+    q8_pair,
+    scale_pair,
+    store_b64,
+)
+from vtllm.kernels.cpu._simd import carray, hsum, hsum16, vfma, vload, vmul, vstore, vzero
+from vtllm.kernels.cpu.quant import BB_Q4_0, BB_Q4_1, BB_Q8_0, Q4_0, Q4_1, Q8_0, weight_rows
+from vtllm.kernels.cpu.quant_int8 import num_groups, num_pairs, quantize_row
+
+GEMM_MIN_M = 4  # from here tiles of unpacked W pay for themselves (measured)
+MR = 4  # microkernel rows of x (fixed by the code of _micro)
+NR = 4  # microkernel rows of W (fixed by the code of _micro and _gemv_kernel)
+NC = 64  # rows of W per unpacked tile / task (halved down to NC_MIN while tasks are too few)
+NC_MIN = 16
+TASKS_PER_THREAD = 4
+MC = 64  # rows of x per task
+
+_ARGS = (carray(f32, 2, True), carray(u8, 2, True), i64, carray(f32, 1, True), carray(f32, 2))
+_SIG = void(*_ARGS)  # x, w bytes, qtype, bias (empty: none), out
+_GEMM_SIG = void(*_ARGS, i64)  # ..., rows of W per tile
+_NO_BIAS = np.zeros(0, np.float32)
+QUANTIZED = (QType.Q4_0, QType.Q4_1, QType.Q8_0)
+
+
+@njit(inline="always")
+def _layout(qt):
+    """(bytes per block, offset of the quants inside a block)."""
+    if qt == Q4_1:
+        return BB_Q4_1, 4
+    if qt == Q4_0:
+        return BB_Q4_0, 2
+    return BB_Q8_0, 2
+
+
+@njit(inline="always")
+def _wpair(w, qt, oa, ob, hdr):
+    if qt == Q4_0 or qt == Q4_1:
+        return q4_pair(w, oa + hdr, ob + hdr)
+    return q8_pair(w, oa + hdr, ob + hdr)
+
+
+@njit(inline="always")
+def _step(wb, dw, xb, dx, xc, acc):
+    """One pair's contribution, the same ops in the GEMV and the GEMM microkernel."""
+    return vfma(itof(dpbusd(xc, wb, xb)), vmul(dw, dx), acc)
+
+
+@njit(inline="always")
+def _scratch(x):
+    """x's quantized form (quant_int8's layout), allocated inside the call: cheaper than
+    passing four more arrays from Python."""
+    M, K = x.shape
+    P, G = num_pairs(K), num_groups(K)
+    xq = np.empty((M, P * 64), np.int8)
+    xd = np.empty((M, P * 16), np.float32)
+    return xq, xd, np.empty((M, P * 16), np.int32), np.empty((M, G * 16), np.float32)
+
+
+@njit(inline="always")
+def _corr(qt):
+    return 8 if qt == Q4_0 else (0 if qt == Q4_1 else 128)
+
+
+@njit(inline="always")
+def _dot4(w, qt, r0, r1, r2, r3, nb, P, xq, xd, xc, xs, m):
+    bb, hdr = _layout(qt)
+    a0 = a1 = a2 = a3 = vzero()
+    for p in range(P):
+        xb = load_b64(xq, m * P * 64 + p * 64)
+        dx = vload(xd, m * P * 16 + p * 16)
+        c = load_i16(xc, m * P * 16 + p * 16)
+        oa = 2 * p * bb
+        ob = min(2 * p + 1, nb - 1) * bb
+        wb = _wpair(w, qt, r0 + oa, r0 + ob, hdr)
+        a0 = _step(wb, scale_pair(w, r0 + oa, r0 + ob), xb, dx, c, a0)
+        wb = _wpair(w, qt, r1 + oa, r1 + ob, hdr)
+        a1 = _step(wb, scale_pair(w, r1 + oa, r1 + ob), xb, dx, c, a1)
+        wb = _wpair(w, qt, r2 + oa, r2 + ob, hdr)
+        a2 = _step(wb, scale_pair(w, r2 + oa, r2 + ob), xb, dx, c, a2)
+        wb = _wpair(w, qt, r3 + oa, r3 + ob, hdr)
+        a3 = _step(wb, scale_pair(w, r3 + oa, r3 + ob), xb, dx, c, a3)
+    if qt == Q4_1:  # the block minimums' term, 16 blocks per FMA
+        G = xs.shape[1] // 16
+        for g in range(G):
+            sv = vload(xs, (m * G + g) * 16)
+            o, cnt = g * 16 * bb, nb - g * 16
+            a0 = vfma(min16(w, r0 + o, bb, cnt), sv, a0)
+            a1 = vfma(min16(w, r1 + o, bb, cnt), sv, a1)
+            a2 = vfma(min16(w, r2 + o, bb, cnt), sv, a2)
+            a3 = vfma(min16(w, r3 + o, bb, cnt), sv, a3)
+    return a0, a1, a2, a3
+
+
+@njit(inline="always")
+def _put(out, bias, m, n, acc):
+    y = hsum(acc)
+    if bias.shape[0]:
+        y += bias[n]
+    out[m, n] = y
+
+
+@njit(_SIG, nogil=True, parallel=True, cache=True)
+def _gemv_kernel(x, w, qt, bias, out):
+    xq, xd, xc, xs = _scratch(x)
+    for m in range(x.shape[0]):  # a few rows: not worth a parallel region
+        quantize_row(x, m, _corr(qt), xq, xd, xc, xs)
+    M, K = x.shape
+    N = out.shape[1]
+    nb = K // QK
+    P = xd.shape[1] // 16
+    rb = w.shape[1]
+    for blk in prange((N + NR - 1) // NR):
+        n0 = blk * NR
+        r0 = n0 * rb
+        r1 = min(n0 + 1, N - 1) * rb
+        r2 = min(n0 + 2, N - 1) * rb
+        r3 = min(n0 + 3, N - 1) * rb
+        for m in range(M):
+            if qt == Q4_1:
+                a0, a1, a2, a3 = _dot4(w, Q4_1, r0, r1, r2, r3, nb, P, xq, xd, xc, xs, m)
+            elif qt == Q4_0:
+                a0, a1, a2, a3 = _dot4(w, Q4_0, r0, r1, r2, r3, nb, P, xq, xd, xc, xs, m)
+            else:
+                a0, a1, a2, a3 = _dot4(w, Q8_0, r0, r1, r2, r3, nb, P, xq, xd, xc, xs, m)
+            _put(out, bias, m, n0, a0)
+            if n0 + 1 < N:
+                _put(out, bias, m, n0 + 1, a1)
+            if n0 + 2 < N:
+                _put(out, bias, m, n0 + 2, a2)
+            if n0 + 3 < N:
+                _put(out, bias, m, n0 + 3, a3)
+
+
+@njit(inline="always")
+def _unpack_tile(w, qt, n0, nc, nb, P, G, tb, td, tm):
+    """Rows n0..n0+nc of W into tb (bytes of each pair), td (scale lanes), tm (Q4_1 minimums,
+    16 blocks per vector)."""
+    bb, hdr = _layout(qt)
+    for i in range(nc):
+        r = (n0 + i) * w.shape[1]
+        for p in range(P):
+            oa = r + 2 * p * bb
+            ob = r + min(2 * p + 1, nb - 1) * bb
+            store_b64(tb, (i * P + p) * 64, _wpair(w, qt, oa, ob, hdr))
+            vstore(td, (i * P + p) * 16, scale_pair(w, oa, ob))
+        if qt == Q4_1:
+            for g in range(G):
+                vstore(tm, (i * G + g) * 16, min16(w, r + g * 16 * bb, bb, nb - g * 16))
+
+
+@njit(inline="always")
+def _row(xq, xd, xc, xp, ws, ds, a0, a1, a2, a3):
+    """One activation pair (flat pair index xp) against the 4 tile rows' pairs."""
+    xb, dx, c = load_b64(xq, xp * 64), vload(xd, xp * 16), load_i16(xc, xp * 16)
+    a0 = _step(ws[0], ds[0], xb, dx, c, a0)
+    a1 = _step(ws[1], ds[1], xb, dx, c, a1)
+    a2 = _step(ws[2], ds[2], xb, dx, c, a2)
+    a3 = _step(ws[3], ds[3], xb, dx, c, a3)
+    return a0, a1, a2, a3
+
+
+@njit(inline="always")
+def _mins(xs, xg, ms, a0, a1, a2, a3):
+    """Q4_1 minimums' term: one group of 16 activation block sums (flat group index xg)."""
+    sv = vload(xs, xg * 16)
+    return vfma(ms[0], sv, a0), vfma(ms[1], sv, a1), vfma(ms[2], sv, a2), vfma(ms[3], sv, a3)
+
+
+@njit(inline="always")
+def _micro(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums):
+    """out[mb:mb+4, n0+nb : n0+nb+4] from 4 quantized rows of x and 4 unpacked tile rows."""
+    x0 = mb
+    x1 = min(mb + 1, M - 1)
+    x2 = min(mb + 2, M - 1)
+    x3 = min(mb + 3, M - 1)
+    t0 = nb * P
+    t1 = min(nb + 1, nc - 1) * P
+    t2 = min(nb + 2, nc - 1) * P
+    t3 = min(nb + 3, nc - 1) * P
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = vzero()
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = vzero()
+    for p in range(P):
+        ws = (load_b64(tb, (t0 + p) * 64), load_b64(tb, (t1 + p) * 64),
+              load_b64(tb, (t2 + p) * 64), load_b64(tb, (t3 + p) * 64))  # fmt: skip
+        ds = (vload(td, (t0 + p) * 16), vload(td, (t1 + p) * 16),
+              vload(td, (t2 + p) * 16), vload(td, (t3 + p) * 16))  # fmt: skip
+        a00, a01, a02, a03 = _row(xq, xd, xc, x0 * P + p, ws, ds, a00, a01, a02, a03)
+        a10, a11, a12, a13 = _row(xq, xd, xc, x1 * P + p, ws, ds, a10, a11, a12, a13)
+        a20, a21, a22, a23 = _row(xq, xd, xc, x2 * P + p, ws, ds, a20, a21, a22, a23)
+        a30, a31, a32, a33 = _row(xq, xd, xc, x3 * P + p, ws, ds, a30, a31, a32, a33)
+    if qt == Q4_1:
+        G = xs.shape[1] // 16
+        t0, t1, t2, t3 = t0 // P * G, t1 // P * G, t2 // P * G, t3 // P * G
+        for g in range(G):
+            ms = (vload(tm, (t0 + g) * 16), vload(tm, (t1 + g) * 16),
+                  vload(tm, (t2 + g) * 16), vload(tm, (t3 + g) * 16))  # fmt: skip
+            a00, a01, a02, a03 = _mins(xs, x0 * G + g, ms, a00, a01, a02, a03)
+            a10, a11, a12, a13 = _mins(xs, x1 * G + g, ms, a10, a11, a12, a13)
+            a20, a21, a22, a23 = _mins(xs, x2 * G + g, ms, a20, a21, a22, a23)
+            a30, a31, a32, a33 = _mins(xs, x3 * G + g, ms, a30, a31, a32, a33)
+    # the 16 lane sums at once, each bit-equal to hsum(a_ij) as _put computes it
+    vstore(sums, 0, hsum16(a00, a01, a02, a03, a10, a11, a12, a13,
+                           a20, a21, a22, a23, a30, a31, a32, a33))  # fmt: skip
+    n = n0 + nb
+    for i in range(MR):
+        for j in range(NR):
+            if mb + i < M and n + j < out.shape[1]:
+                y = sums[i * NR + j]
+                if bias.shape[0]:
+                    y += bias[n + j]
+                out[mb + i, n + j] = y
+
+
+@njit(inline="always")
+def _gemm_tiles(x, w, qt, bias, out, xq, xd, xc, xs, tile_rows):
+    M, K = x.shape
+    N = out.shape[1]
+    nb = K // QK
+    P = xd.shape[1] // 16
+    n_panels = (M + MC - 1) // MC
+    for task in prange((N + tile_rows - 1) // tile_rows * n_panels):
+        nt = task // n_panels
+        n0 = nt * tile_rows
+        nc = min(tile_rows, N - n0)
+        m0 = (task - nt * n_panels) * MC
+        tb = np.empty(nc * P * 64, np.uint8)  # per-task scratch: W rows n0..n0+nc unpacked
+        td = np.empty(nc * P * 16, np.float32)
+        tm = np.empty(nc * xs.shape[1] if qt == Q4_1 else 16, np.float32)
+        _unpack_tile(w, qt, n0, nc, nb, P, xs.shape[1] // 16, tb, td, tm)
+        sums = np.empty(MR * NR, np.float32)
+        for mb in range(m0, min(M, m0 + MC), MR):
+            for nb4 in range(0, nc, NR):
+                _micro(qt, M, P, mb, nb4, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums)
+
+
+@njit(_GEMM_SIG, nogil=True, parallel=True, cache=True)
+def _gemm_kernel(x, w, qt, bias, out, tile_rows):
+    xq, xd, xc, xs = _scratch(x)
+    for m in prange(x.shape[0]):
+        quantize_row(x, m, _corr(qt), xq, xd, xc, xs)
+    if qt == Q4_1:
+        _gemm_tiles(x, w, Q4_1, bias, out, xq, xd, xc, xs, tile_rows)
+    elif qt == Q4_0:
+        _gemm_tiles(x, w, Q4_0, bias, out, xq, xd, xc, xs, tile_rows)
+    else:
+        _gemm_tiles(x, w, Q8_0, bias, out, xq, xd, xc, xs, tile_rows)
+
+
+def linear_int8(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=None) -> None:
+    """out[M, N] = int8(x)[M, K] @ W.T (+ bias[N]) for W in Q4_0 / Q4_1 / Q8_0 (see
+    vtllm.kernels); x is quantized per 32-block inside the call. out must not overlap x."""
+    qtype = QType(qtype)
+    if qtype not in QUANTIZED:
+        raise ValueError(f"linear_int8: {qtype.name} weights have no int8 kernel")
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2):
+        raise ValueError(f"linear_int8: x must be float32 [M, K], got {getattr(x, 'dtype', x)}")
+    if not x.flags.c_contiguous:
+        raise ValueError("linear_int8: x must be C-contiguous")
+    m, k = x.shape
+    wb = weight_rows(w, qtype, k, "linear_int8")
+    n = w.shape[0]
+    if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == (m, n)):
+        raise ValueError(
+            f"linear_int8: out must be float32 {(m, n)}, got "
+            f"{getattr(out, 'dtype', out)} {getattr(out, 'shape', '')}"
+        )
+    if not out.flags.c_contiguous:
+        raise ValueError("linear_int8: out must be C-contiguous")
+    if bias is None:
+        bias = _NO_BIAS
+    elif not (
+        isinstance(bias, np.ndarray)
+        and bias.dtype == np.float32
+        and bias.shape == (n,)
+        and bias.flags.c_contiguous
+    ):
+        raise ValueError(f"linear_int8: bias must be contiguous float32 ({n},)")
+    if m == 0 or n == 0:
+        return
+    if m < GEMM_MIN_M:
+        _gemv_kernel(x, wb, int(qtype), bias, out)
+        return
+    tile_rows = NC
+    tasks_wanted = TASKS_PER_THREAD * numba.get_num_threads()
+    while tile_rows > NC_MIN and -(-n // tile_rows) * -(-m // MC) < tasks_wanted:
+        tile_rows //= 2
+    _gemm_kernel(x, wb, int(qtype), bias, out, tile_rows)

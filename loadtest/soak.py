@@ -349,7 +349,17 @@ class Observed:
     idle_s: float = 0.0
     served: float | None = None  # engine requests finished during the run (request_success)
     rss: tuple[float, float] | None = None  # MiB after the warm-up, at the end
+    peak_rss: float | None = None  # MiB, sampled twice a second over the whole soak
     health: int | None = None
+
+
+async def sample_peak_rss(pid: int, obs: Observed) -> None:
+    while True:
+        try:
+            obs.peak_rss = max(obs.peak_rss or 0.0, rss_mib(pid))
+        except (OSError, ValueError):
+            return
+        await asyncio.sleep(0.5)
 
 
 async def soak(args) -> int:
@@ -365,6 +375,9 @@ async def soak(args) -> int:
         if missing:
             raise Unusable(f"{args.base_url}/metrics lacks {', '.join(missing)}")
         ledger, obs = Ledger(), Observed()
+        sampler = None
+        if args.server_pid:
+            sampler = asyncio.create_task(sample_peak_rss(args.server_pid, obs))
         t0 = time.monotonic()
         end = t0 + args.duration_limit
         obs.began = await run_phase(client, args, 0, args.warmup, end, ledger)
@@ -376,6 +389,8 @@ async def soak(args) -> int:
         obs.final, obs.idle_s = await wait_idle(client, args)
         if rss0 is not None:
             obs.rss = rss0, rss_mib(args.server_pid)
+        if sampler is not None:
+            sampler.cancel()
         success = metric(warm, "request_success"), metric(obs.final, "request_success")
         if None not in success:
             obs.served = success[1] - success[0]
@@ -444,6 +459,9 @@ def report(args, ledger: Ledger, obs: Observed) -> int:
     if planned > obs.began:
         row("  not started (--duration-limit)", planned - obs.began)
     row("wall time (s)", f"{obs.elapsed:.1f}")
+    if obs.peak_rss is not None:
+        row("server peak RSS (MiB)", f"{obs.peak_rss:.0f}")
+    row("KV blocks in use afterwards", f"{obs.final.get('vt:kv_cache_used_blocks')}")
     row("requests/s", f"{obs.began / max(obs.elapsed, 1e-9):.1f}")
     print("{s:{c}^{n}}".format(s=" by variant ", n=w, c="-"))
     for (variant, outcome), n in sorted(ledger.variants.items()):

@@ -115,6 +115,23 @@ KNOBS = (
         3600,
     ),
     Knob(
+        "server_body_timeout_s",
+        "float",
+        30.0,
+        "longest time a request body may take to arrive (then 408)",
+        0.1,
+        3600,
+    ),
+    Knob(
+        "engine_iteration_timeout_s",
+        "float",
+        60.0,
+        "a step running longer marks the engine dead and exits (0: no watchdog)",
+        0,
+        86400,
+    ),
+    Knob("debug_faults", "bool", False, "serve POST /debug/fault to inject engine faults (tests)"),
+    Knob(
         "api_key", "str", None, "required as 'Authorization: Bearer KEY' on /v1 and tokenize routes"
     ),
     Knob(
@@ -151,6 +168,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     server_sse_ping_s: float = 15.0
     max_queued_requests: int = 256
     drain_timeout_s: float = 30.0
+    server_body_timeout_s: float = 30.0
+    engine_iteration_timeout_s: float = 60.0
+    debug_faults: bool = False
     api_key: str | None = None
     cors_origins: str | None = None
     log_level: str = "info"

@@ -70,9 +70,8 @@ def test_raw_sse_frames_and_one_usage_chunk(server):
     usage = [e for e in events[:-1] if e.get("usage")]
     assert len(usage) == 1 and usage[0] is events[-2] and usage[0]["choices"] == []
     text = "".join(e["choices"][0]["text"] for e in events[:-2])
-    plain = httpx.post(
-        server + "/v1/completions", json={**body, "stream": False}, timeout=120
-    ).json()
+    whole = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+    plain = httpx.post(server + "/v1/completions", json=whole, timeout=120).json()
     assert text == plain["choices"][0]["text"]
     assert usage[0]["usage"] == plain["usage"]
 

@@ -6,6 +6,7 @@ run only on the event-loop thread, so no locks. Hot path: keep it lean, put feat
 """
 
 import itertools
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -15,9 +16,18 @@ import anyio.to_thread
 
 from vtllm.engine.shadow_check import ShadowCheck
 from vtllm.engine.text import TextStream
+from vtllm.errors import VtllmError
 from vtllm.scheduler.output import ERROR, STOP, Delta
 from vtllm.scheduler.plan import TokenLogprobs
 from vtllm.scheduler.request import Request
+
+log = logging.getLogger("vtllm.engine")
+
+
+class EngineDeadError(VtllmError):
+    status = 503
+    type = "service_unavailable"
+    code = "engine_dead"
 
 
 @dataclass(slots=True)
@@ -85,7 +95,10 @@ class Tracked:
     key: object
     text: TextStream
     added_at: float  # perf_counter at add(); the observer measures latencies from it
+    scheduled_at: float = 0.0  # first admission to a step (0: still queued)
+    first_token_at: float = 0.0
     last_token_at: float = 0.0
+    disconnected_at: float = 0.0  # when the server saw the client go (0: it did not)
 
 
 class StepLoop:
@@ -104,7 +117,19 @@ class StepLoop:
         self.num_finished = 0
         self.host_seconds = 0.0  # scheduling and bookkeeping on the event-loop thread
         self.shadow = ShadowCheck(backend, shadow_rate)
-        self.observer = observer  # on_tokens(tracked, n, now), on_finish(tracked, update, now)
+        # on_added(tracked), on_scheduled(tracked, now), on_tokens(tracked, n, now),
+        # on_finish(tracked, update, now)
+        self.observer = observer
+        self.num_added = 0  # each ends once: num_added == num_finished + len(tracked)
+        self._queued: dict[str, Tracked] = {}  # never scheduled yet (for the queue-time metric)
+        # The watchdog reads these from its thread: `stepping` while there is work, and the
+        # perf_counter of the last sign of progress (a step collected, or work arriving).
+        self.stepping = False
+        self.progress_at = 0.0
+        self.dead: str | None = None  # why the engine died; it never steps again
+        # Serving sets this: a failed step then kills the engine instead of raising out of
+        # run(); it is called once with the reason, on the event-loop thread.
+        self.on_dead = None
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
@@ -113,14 +138,25 @@ class StepLoop:
     def add(self, request: Request, mailbox: Mailbox | None = None, key=None) -> Mailbox:
         """Queue a request; raises a user error (nothing kept) if it can never run. Its updates
         go to `mailbox` under `key` (a new Collector by default)."""
+        if self.dead is not None:
+            raise EngineDeadError("the engine has failed; the server is restarting")
         self.scheduler.add_request(request)
         mailbox = Collector() if mailbox is None else mailbox
         text = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling)
-        self.tracked[request.request_id] = Tracked(request, mailbox, key, text, perf_counter())
+        tracked = Tracked(request, mailbox, key, text, perf_counter())
+        self.tracked[request.request_id] = self._queued[request.request_id] = tracked
+        self.num_added += 1
+        if self.observer is not None:
+            self.observer.on_added(tracked)
         self._wake.set()
         return mailbox
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, disconnected_at: float = 0.0) -> None:
+        """End a request now (its blocks are freed before this returns). `disconnected_at`:
+        the perf_counter at which the server saw its client go, for the metrics."""
+        tracked = self.tracked.get(request_id)
+        if tracked is not None:
+            tracked.disconnected_at = disconnected_at
         delta = self.scheduler.abort_request(request_id)
         if delta is not None:
             self._deliver([delta])
@@ -139,9 +175,13 @@ class StepLoop:
         try:
             while True:
                 if len(in_flight) < self.depth and scheduler.requests:
+                    if not self.stepping:
+                        self.stepping, self.progress_at = True, perf_counter()
                     started = perf_counter()
                     plan = scheduler.schedule()
                     if plan is not None:
+                        if plan.seated and self._queued:
+                            self._note_scheduled()
                         self.shadow.before_launch()
                         in_flight.append(backend.launch(plan))
                         self.shadow.launched(plan, self.tracked)
@@ -151,25 +191,59 @@ class StepLoop:
                         continue
                 if in_flight:
                     step = in_flight.popleft()
-                    result = await anyio.to_thread.run_sync(backend.collect, step)
-                    started = perf_counter()
+                    # abandon_on_cancel: a hung step must not hold up the shutdown after the
+                    # watchdog declared the engine dead.
+                    result = await anyio.to_thread.run_sync(
+                        backend.collect, step, abandon_on_cancel=True
+                    )
+                    if self.dead is not None:
+                        return
+                    started = self.progress_at = perf_counter()
                     self._deliver(scheduler.update(result))
                     self.shadow.after_update()
                     self.host_seconds += perf_counter() - started
                     continue
                 if self.stopping and not scheduler.has_work():
                     return
+                self.stepping = False
                 await self._wake.wait()
                 self._wake = anyio.Event()
+        except Exception as exc:
+            if self.on_dead is None:  # offline use (LLM, warm-up): the caller sees the error
+                self.fail_all("the engine stopped while serving this request")
+                raise
+            # Serving: the device state after a failed step is unknown, so fail everything,
+            # die, and let the supervisor restart the process (as vLLM does).
+            log.exception("engine step failed")
+            self.die(f"an engine step failed ({exc.__class__.__name__})")
         except BaseException:
             self.fail_all("the engine stopped while serving this request")
             raise
+
+    def die(self, reason: str) -> None:
+        """Mark the engine dead: every request it holds fails, nothing steps again."""
+        if self.dead is not None:
+            return
+        self.dead, self.stepping = reason, False
+        self.fail_all(f"the engine failed: {reason}")
+        if self.on_dead is not None:
+            self.on_dead(reason)
+        self._wake.set()
 
     def fail_all(self, message: str) -> None:
         for request_id in list(self.tracked):
             delta = self.scheduler.finish_request(request_id, ERROR, message)
             if delta is not None:
                 self._deliver([delta])
+
+    def _note_scheduled(self) -> None:
+        now = perf_counter()
+        for request_id, tracked in list(self._queued.items()):
+            if tracked.request.admitted:
+                del self._queued[request_id]
+                tracked.scheduled_at = now
+                if self.observer is not None:
+                    self.observer.on_scheduled(tracked, now)
 
     def _deliver(self, deltas: list[Delta]) -> None:
         for delta in deltas:
@@ -206,6 +280,8 @@ class StepLoop:
                 if final is not None:
                     update.num_output_tokens = final.num_output_tokens
                     update.text += tracked.text.push([], final=True)
+            if ids and tracked.first_token_at == 0.0:
+                tracked.first_token_at = perf_counter()
             if self.observer is not None:
                 now = perf_counter()
                 if ids:
@@ -215,5 +291,6 @@ class StepLoop:
                     self.observer.on_finish(tracked, update, now)
             if update.finished:
                 del self.tracked[delta.request_id]
+                self._queued.pop(delta.request_id, None)
                 self.num_finished += 1
             tracked.mailbox.put(tracked.key, update)

@@ -5,6 +5,7 @@ import hmac
 import math
 import time
 from collections import deque
+from time import perf_counter
 
 from vtllm.server.http_errors import HttpError, error_response
 
@@ -91,3 +92,26 @@ class HeaderLimitMiddleware:
             )
             return await response(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+DISCONNECTED_AT = "vt.disconnected_at"  # scope key: perf_counter when the client went away
+
+
+class DisconnectClockMiddleware:
+    """Stamps the moment the server sees `http.disconnect` into the scope, so the abort that
+    follows can be timed (vt:request_disconnect_to_abort_seconds)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def timed_receive():
+            message = await receive()
+            if message["type"] == "http.disconnect" and DISCONNECTED_AT not in scope:
+                scope[DISCONNECTED_AT] = perf_counter()
+            return message
+
+        return await self.app(scope, timed_receive, send)

@@ -11,9 +11,15 @@ from starlette.routing import Route
 from vtllm.config import EngineConfig
 from vtllm.engine.loop import StepLoop
 from vtllm.server import routes
-from vtllm.server.admission import ApiKeyMiddleware, DrainRate, HeaderLimitMiddleware
+from vtllm.server.admission import (
+    ApiKeyMiddleware,
+    DisconnectClockMiddleware,
+    DrainRate,
+    HeaderLimitMiddleware,
+)
 from vtllm.server.http_errors import error_response, http_exception
 from vtllm.server.metrics import metrics
+from vtllm.server.openapi import openapi
 
 
 @dataclass(slots=True)
@@ -27,6 +33,7 @@ class ServerState:
     status: str = "loading"  # loading | ok | draining | dead
     started: int = field(default_factory=lambda: int(time.time()))
     drain: DrainRate = field(default_factory=DrainRate)
+    faults: tuple | None = None  # (FaultyBackend, BlockHog) with VT_DEBUG_FAULTS
 
 
 async def _internal_error(_request, _exc):
@@ -44,9 +51,14 @@ def build_app(state: ServerState) -> Starlette:
             Route("/tokenize", routes.tokenize, methods=["POST"]),
             Route("/detokenize", routes.detokenize, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
+            Route("/openapi.json", openapi, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_exception, Exception: _internal_error},
     )
+    if state.faults is not None:
+        from vtllm.server.debug import fault
+
+        app.router.routes.append(Route("/debug/fault", fault, methods=["POST"]))
     app.state.vt = state
     config = state.config
     if config.cors_origins:
@@ -59,5 +71,6 @@ def build_app(state: ServerState) -> Starlette:
         )
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, key=config.api_key)
+    app.add_middleware(DisconnectClockMiddleware)
     app.add_middleware(HeaderLimitMiddleware)  # outermost: before any other work
     return app

@@ -2,11 +2,21 @@
 
 SIGINT/SIGTERM turn /health to 503 and stop hypercorn, which lets in-flight responses finish
 within its graceful timeout; then the step loop drains and exits.
+
+A dead engine (a step raised, or the watchdog saw no step finish in time) fails its requests,
+turns /health to 503, lets the writers send their error frames, and exits with status 3.
+
+Intake: handlers call StepLoop.add/abort directly instead of going through an inbox task.
+They run on the event-loop thread and the scheduler's methods are synchronous, so each call is
+atomic with respect to the step loop, exactly as a message handled by an inbox task would be;
+the inbox's bound is admit()'s check of the waiting queue (429) before any tokenizing.
 """
 
+import asyncio
 import logging
 import os
 import signal
+import sys
 
 import anyio
 from hypercorn.asyncio import serve as hypercorn_serve
@@ -14,7 +24,9 @@ from hypercorn.config import Config as HypercornConfig
 
 from vtllm.config import EngineConfig
 from vtllm.engine.build import build_parts
+from vtllm.engine.faults import BlockHog, FaultyBackend
 from vtllm.engine.loop import StepLoop
+from vtllm.engine.watchdog import EXIT_ENGINE_DEAD, Watchdog
 from vtllm.server.app import ServerState, build_app
 from vtllm.server.metrics import MetricsObserver
 
@@ -24,6 +36,11 @@ log = logging.getLogger("vtllm.server")
 def build_state(config: EngineConfig) -> ServerState:
     loaded, scheduler, backend, max_model_len = build_parts(config)
     model_name = config.served_model_name or loaded.name
+    faults = None
+    if config.debug_faults:
+        log.warning("fault injection is on (VT_DEBUG_FAULTS): POST /debug/fault")
+        backend = FaultyBackend(backend)
+        faults = (backend, BlockHog(scheduler.pool))
     loop = StepLoop(
         scheduler,
         backend,
@@ -39,6 +56,7 @@ def build_state(config: EngineConfig) -> ServerState:
         vocab_size=loaded.config.vocab_size,
         max_model_len=max_model_len,
         config=config,
+        faults=faults,
     )
 
 
@@ -49,10 +67,37 @@ async def serve(state: ServerState, *, ready=None) -> None:
     hconfig.bind = [f"{config.host}:{config.port}"]
     hconfig.accesslog = None
     hconfig.h11_max_incomplete_size = 64 * 1024  # request line + headers; beyond: 431
-    hconfig.read_timeout = 30  # a body trickled slower than this is cut off
+    # Per read: a connection silent this long mid-request is cut off. A body trickled a byte
+    # at a time never trips it; read_json's VT_SERVER_BODY_TIMEOUT_S deadline does.
+    hconfig.read_timeout = 30
     hconfig.graceful_timeout = 5.0  # after our own drain (drain_then_stop)
     stop = anyio.Event()
     app = build_app(state)
+    loop = state.loop
+    died = anyio.Event()
+
+    def on_dead(reason: str) -> None:
+        state.status = "dead"  # /health 503 and new requests 503 from now on
+        log.error("engine dead: %s", reason)
+        died.set()
+
+    loop.on_dead = on_dead
+
+    async def stop_when_dead():
+        await died.wait()
+        await anyio.sleep(1.0)  # let the writers flush their error frames
+        stop.set()
+
+    watchdog = None
+    if config.engine_iteration_timeout_s > 0:
+        watchdog = Watchdog(
+            loop,
+            config.engine_iteration_timeout_s,
+            loop.die,
+            call_soon_threadsafe=asyncio.get_running_loop().call_soon_threadsafe,
+            grace=max(2.0, config.engine_iteration_timeout_s),
+        )
+        watchdog.start()
 
     async def watch_signals():
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -79,6 +124,7 @@ async def serve(state: ServerState, *, ready=None) -> None:
         await tg.start(state.loop.run)
         async with anyio.create_task_group() as http:
             http.start_soon(watch_signals)
+            http.start_soon(stop_when_dead)
             state.status = "ok"
             if ready is not None:
                 ready(config.port)
@@ -96,4 +142,22 @@ async def serve(state: ServerState, *, ready=None) -> None:
             http.start_soon(run_http)
             await served.wait()
             http.cancel_scope.cancel()
-        state.loop.stop()  # returns once the requests still in the engine are done
+        if loop.dead is not None:
+            tg.cancel_scope.cancel()  # the step loop may sit on a hung step: abandon it
+        else:
+            loop.stop()  # returns once the requests still in the engine are done
+    if watchdog is not None:
+        watchdog.stop()
+    if loop.dead is not None:
+        # What the invariants need, in one line: nothing held, every request ended once.
+        log.error(
+            "engine dead (%s): accepted %d, ended %d, tracked %d, KV blocks in use %d",
+            loop.dead,
+            loop.num_added,
+            loop.num_finished,
+            len(loop.tracked),
+            loop.scheduler.num_used_blocks,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_ENGINE_DEAD)  # a hung step's thread would block a normal exit

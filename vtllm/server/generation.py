@@ -35,10 +35,10 @@ class Submission:
     def finished(self) -> bool:
         return all(c.total.finished for c in self.choices)
 
-    def abort_unfinished(self, loop: StepLoop) -> None:
+    def abort_unfinished(self, loop: StepLoop, disconnected_at: float = 0.0) -> None:
         for choice in self.choices:
             if not choice.total.finished:
-                loop.abort(choice.request_id)
+                loop.abort(choice.request_id, disconnected_at)
 
     async def updates(self, ping_after: float | None = None):
         """Yields (choice, update) until every choice has finished; (None, None) when nothing

@@ -17,7 +17,18 @@ class HttpError(VtllmError):
         self.status, self.type, self.code, self.headers = status, type_, code, headers
 
 
+MAX_MESSAGE = 512  # characters: an error never grows with the input that caused it
+MAX_PARAM = 128
+
+
+def _cap(text, limit: int):
+    if text is None or len(text) <= limit:
+        return text
+    return text[: limit - 3] + "..."
+
+
 def error_response(status: int, message: str, type_: str, param=None, code=None, headers=None):
+    message, param = _cap(message, MAX_MESSAGE), _cap(param, MAX_PARAM)
     body = ErrorResponse(ErrorBody(message=message, type=type_, param=param, code=code))
     return Response(encoder.encode(body), status, headers, media_type="application/json")
 
@@ -29,6 +40,8 @@ def from_exception(exc: Exception) -> Response:
     if isinstance(exc, msgspec.ValidationError):
         message = str(exc)
         param = message.rsplit("at `$.", 1)[1].rstrip("`") if "at `$." in message else None
+        if param is not None:  # msgspec writes dict keys as [...]: name the field itself
+            param = param.replace("[...]", "")
         return error_response(400, message, "invalid_request_error", param, "invalid_type")
     if isinstance(exc, msgspec.DecodeError):
         return error_response(

@@ -2,12 +2,21 @@
 
 Counters and histograms are fed by the step loop through `MetricsObserver`; gauges are read
 from the scheduler when scraped. Each server has its own registry.
+
+Request phases follow vLLM: queue time is arrival to first scheduling, prefill time first
+scheduling to first token, decode time first token to finish. Every accepted request
+(vt:request_accepted_total) ends exactly once in vt:request_success_total under its
+finished_reason (stop, length, abort, error); aborts are also counted by the phase they cut.
 """
+
+import asyncio
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
+
+from vtllm.scheduler.output import ABORT
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -51,6 +60,9 @@ _ITL_BUCKETS = (
 )
 
 
+_DISCONNECT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
 class MetricsObserver:
     def __init__(self, model_name: str):
         self.registry = registry = CollectorRegistry()
@@ -64,7 +76,9 @@ class MetricsObserver:
         self.waiting = gauge("vt:num_requests_waiting", "requests queued")
         self.kv_usage = gauge("vt:kv_cache_usage_perc", "share of KV blocks in use (0..1)")
         self.kv_used = gauge("vt:kv_cache_used_blocks", "KV blocks in use")
+        self.kv_blocks = gauge("vt:kv_cache_num_blocks", "KV blocks requests can use")
         self.tracked = gauge("vt:tracked_requests", "requests the step loop still serves")
+        self.tasks = gauge("vt:event_loop_tasks", "asyncio tasks alive (leaks show here)")
         self.state = None  # set by scrape(); the counters below read the scheduler then
         registry.register(_SchedulerCounters(self))
         self.prompt_tokens = Counter(
@@ -101,10 +115,43 @@ class MetricsObserver:
             registry=registry,
         ).labels(**self.labels)
 
+        def phase(name, doc):
+            return Histogram(name, doc, labels, buckets=_LATENCY_BUCKETS, registry=registry).labels(
+                **self.labels
+            )
+
+        self.queue_time = phase("vt:request_queue_time_seconds", "arrival to first scheduling")
+        self.prefill_time = phase("vt:request_prefill_time_seconds", "scheduling to first token")
+        self.decode_time = phase("vt:request_decode_time_seconds", "first token to finish")
+        self.accepted = Counter(
+            "vt:request_accepted", "requests the engine took in", labels, registry=registry
+        ).labels(**self.labels)
+        self.aborts = Counter(
+            "vt:request_abort",
+            "aborted requests by the phase they were in (queued, prefill, decode)",
+            [*labels, "phase"],
+            registry=registry,
+        )
+        self.disconnect_to_abort = Histogram(
+            "vt:request_disconnect_to_abort_seconds",
+            "from the server seeing a client disconnect to the engine freeing the request",
+            labels,
+            buckets=_DISCONNECT_BUCKETS,
+            registry=registry,
+        ).labels(**self.labels)
+
+    def on_added(self, tracked) -> None:
+        self.accepted.inc()
+
+    def on_scheduled(self, tracked, now: float) -> None:
+        self.queue_time.observe(now - tracked.added_at)
+
     def on_tokens(self, tracked, n: int, now: float) -> None:
         self.generation_tokens.inc(n)
         if tracked.last_token_at == 0.0:
             self.ttft.observe(now - tracked.added_at)
+            if tracked.scheduled_at:
+                self.prefill_time.observe(now - tracked.scheduled_at)
         else:  # tokens that arrive together share the gap
             gap = (now - tracked.last_token_at) / n
             for _ in range(n):
@@ -112,6 +159,18 @@ class MetricsObserver:
 
     def on_finish(self, tracked, update, now: float) -> None:
         self.e2e.observe(now - tracked.added_at)
+        if tracked.first_token_at:
+            self.decode_time.observe(now - tracked.first_token_at)
+        if update.finish_reason == ABORT:
+            if not tracked.scheduled_at:
+                phase = "queued"
+            elif not tracked.first_token_at:
+                phase = "prefill"
+            else:
+                phase = "decode"
+            self.aborts.labels(**self.labels, phase=phase).inc()
+            if tracked.disconnected_at:
+                self.disconnect_to_abort.observe(now - tracked.disconnected_at)
         self.prompt_tokens.inc(len(tracked.request.prompt_token_ids))
         self.success.labels(**self.labels, finished_reason=update.finish_reason).inc()
 
@@ -121,8 +180,10 @@ class MetricsObserver:
         self.running.set(scheduler.num_running)
         self.waiting.set(scheduler.num_waiting)
         self.kv_used.set(scheduler.num_used_blocks)
+        self.kv_blocks.set(pool.num_usable_blocks)
         self.kv_usage.set(scheduler.num_used_blocks / max(pool.num_usable_blocks, 1))
         self.tracked.set(len(state.loop.tracked))
+        self.tasks.set(len(asyncio.all_tasks()))
         self.state = state
         return generate_latest(self.registry)
 

@@ -4,9 +4,40 @@ Fields whose JSON shape varies (prompt, messages, stop) are typed loosely here a
 validate.py, where each error can name its exact param (messages[0].role).
 """
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+
+# Loosely typed fields, described for /openapi.json (validate.py enforces the shapes).
+_TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_PROMPT = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}},
+        _TOKENS,
+        {"type": "array", "items": _TOKENS},
+    ]
+}
+_PART = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+_MESSAGES = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant"]},
+            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _PART}]},
+        },
+        "required": ["role", "content"],
+    },
+}
+_STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+Prompt = Annotated[Any, msgspec.Meta(extra_json_schema=_PROMPT)]
+Messages = Annotated[Any, msgspec.Meta(extra_json_schema=_MESSAGES)]
+Stop = Annotated[Any, msgspec.Meta(extra_json_schema=_STOP)]
 
 
 class StreamOptions(msgspec.Struct):
@@ -22,7 +53,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     min_p: float | None = None
     seed: int | None = None
     n: int = 1
-    stop: Any = None  # str | list[str]
+    stop: Stop = None  # str | list[str]
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
@@ -38,13 +69,13 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    prompt: Any = msgspec.UNSET  # str | list[str] | list[int] | list[list[int]]
+    prompt: Prompt = msgspec.UNSET  # str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
-    messages: Any = msgspec.UNSET  # list of {role, content}
+    messages: Messages = msgspec.UNSET  # list of {role, content}
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None

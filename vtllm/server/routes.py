@@ -4,6 +4,7 @@ Hot path: keep it lean, put features in helpers (validate.py, responses.py).
 """
 
 import logging
+from functools import partial
 
 import anyio
 import anyio.to_thread
@@ -11,11 +12,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from vtllm import __version__
-from vtllm.errors import VtllmError
+from vtllm.errors import InvalidParameter, VtllmError
 from vtllm.models.chat_template import render_chat
 from vtllm.scheduler.output import ERROR
 from vtllm.server import responses
-from vtllm.server.admission import admit
+from vtllm.server.admission import DISCONNECTED_AT, admit
 from vtllm.server.generation import submit
 from vtllm.server.http_errors import HttpError, error_response, from_exception
 from vtllm.server.protocol import (
@@ -26,36 +27,87 @@ from vtllm.server.protocol import (
     tokenize_decoder,
 )
 from vtllm.server.sse import DONE, PING, frame
-from vtllm.server.validate import chat_messages, completion_prompts, sampling_params
+from vtllm.server.validate import (
+    chat_messages,
+    check_fan_out,
+    completion_prompts,
+    sampling_params,
+)
 
 log = logging.getLogger("vtllm.server")
 _LONG_TEXT = 20_000  # characters above which tokenizing moves off the event loop
 
 
 async def read_json(request: Request, decoder, limit: int):
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type != "application/json":
-        raise HttpError(415, "Content-Type must be application/json", type_="invalid_request_error")
+    content_type, *params = request.headers.get("content-type", "").lower().split(";")
+    charsets = [p.split("=", 1)[1].strip(' "') for p in params if p.strip().startswith("charset=")]
+    if content_type.strip() != "application/json" or any(c != "utf-8" for c in charsets):
+        raise HttpError(
+            415, "Content-Type must be application/json (UTF-8)", type_="invalid_request_error"
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HttpError(413, f"body larger than {limit} bytes", type_="invalid_request_error")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HttpError(413, f"body larger than {limit} bytes", type_="invalid_request_error")
-    return decoder.decode(bytes(body))
+    # hypercorn's read timeout is per read, so a body trickled a byte at a time would hold
+    # the connection for ever: the whole body gets one deadline.
+    deadline = request.app.state.vt.config.server_body_timeout_s
+    with anyio.move_on_after(deadline) as scope:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise HttpError(
+                    413, f"body larger than {limit} bytes", type_="invalid_request_error"
+                )
+    if scope.cancelled_caught:
+        raise HttpError(
+            408, f"the body did not arrive within {deadline:g}s", type_="invalid_request_error"
+        )
+    try:
+        return decoder.decode(bytes(body))
+    except RecursionError:  # msgspec's depth guard on deeply nested arrays or objects
+        raise HttpError(
+            400,
+            "the JSON body is nested too deeply",
+            type_="invalid_request_error",
+            code="invalid_json",
+        ) from None
 
 
 def _check_model(state, model: str | None) -> None:
     if model is not None and model != state.model_name:
         raise HttpError(
             404,
-            f"model {model!r} is not served here",
+            "the model is not served here; GET /v1/models lists it",
             type_="invalid_request_error",
             code="model_not_found",
             param="model",
         )
+
+
+def _render(tok, messages, add_generation_prompt: bool, max_chars: int) -> str:
+    try:
+        text = render_chat(
+            tok.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=tok.special_token(tok.bos_token_id),
+            eos_token=tok.special_token(tok.eos_token_ids[0] if tok.eos_token_ids else None),
+        )
+    except (OverflowError, RecursionError, MemoryError):  # the sandbox's range cap, deep loops
+        raise InvalidParameter("chat template failed to render", param="messages") from None
+    # A template may multiply its input; what comes out is bounded like what goes in.
+    if len(text) > 2 * max_chars + 65536:
+        raise InvalidParameter("the rendered chat is too long", param="messages")
+    return text
+
+
+def _text_size(prompt) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(p) for p in prompt if isinstance(p, str))
+    return 0
 
 
 async def _encode(state, text: str) -> list[int]:
@@ -71,17 +123,21 @@ async def completions(request: Request) -> Response:
         req = await read_json(request, completion_decoder, state.config.max_body_bytes)
         _check_model(state, req.model)
         cfg = state.config
-        prompts = completion_prompts(
-            req, state.tokenizer, state.vocab_size, cfg.server_max_prompt_chars
-        )
         params = sampling_params(req, chat=False, max_new_tokens=cfg.server_max_new_tokens)
         params.check_vocab(state.vocab_size)
+        prompts_of = partial(
+            completion_prompts, req, state.tokenizer, state.vocab_size, cfg.server_max_prompt_chars
+        )
+        # Up to a body's worth of text (MiBs) to tokenize: off the event loop when long.
+        long = _text_size(req.prompt) > _LONG_TEXT
+        prompts = await anyio.to_thread.run_sync(prompts_of) if long else prompts_of()
+        check_fan_out(len(prompts), params.n)
         sub = submit(state.loop, prompts, params, "cmpl")
     except (VtllmError, ValueError) as exc:
         return from_exception(exc)
     shaper = responses.CompletionShaper(state, req, sub)
     if req.stream:
-        return _stream(state, sub, shaper)
+        return _stream(state, sub, shaper, request.scope)
     return await _gather(state, sub, shaper, request)
 
 
@@ -95,13 +151,7 @@ async def chat_completions(request: Request) -> Response:
         messages = chat_messages(req, cfg.server_max_prompt_chars)
         tok = state.tokenizer
         text = await anyio.to_thread.run_sync(
-            lambda: render_chat(
-                tok.chat_template,
-                messages,
-                add_generation_prompt=req.add_generation_prompt,
-                bos_token=tok.special_token(tok.bos_token_id),
-                eos_token=tok.special_token(tok.eos_token_ids[0] if tok.eos_token_ids else None),
-            )
+            lambda: _render(tok, messages, req.add_generation_prompt, cfg.server_max_prompt_chars)
         )
         prompt = await _encode(state, text)
         params = sampling_params(req, chat=True, max_new_tokens=cfg.server_max_new_tokens)
@@ -111,7 +161,7 @@ async def chat_completions(request: Request) -> Response:
         return from_exception(exc)
     shaper = responses.ChatShaper(state, req, sub)
     if req.stream:
-        return _stream(state, sub, shaper)
+        return _stream(state, sub, shaper, request.scope)
     return await _gather(state, sub, shaper, request)
 
 
@@ -120,7 +170,7 @@ def _error_frame(message: str) -> bytes:
     return frame({"error": body})
 
 
-def _stream(state, sub, shaper) -> StreamingResponse:
+def _stream(state, sub, shaper, scope) -> StreamingResponse:
     """SSE: starlette cancels this generator when the client goes away; `finally` then aborts
     the request in the engine, which frees its blocks."""
 
@@ -145,7 +195,7 @@ def _stream(state, sub, shaper) -> StreamingResponse:
             log.exception("stream %s failed", sub.id)
             yield _error_frame("internal error while streaming")
         finally:
-            sub.abort_unfinished(state.loop)
+            sub.abort_unfinished(state.loop, scope.get(DISCONNECTED_AT, 0.0))
         yield DONE
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -166,12 +216,14 @@ async def _gather(state, sub, shaper, request: Request) -> Response:
             async for _choice, _update in sub.updates():
                 pass
         finally:
-            sub.abort_unfinished(state.loop)
+            sub.abort_unfinished(state.loop, request.scope.get(DISCONNECTED_AT, 0.0))
         tg.cancel_scope.cancel()
     failed = [c for c in sub.choices if c.total.finish_reason == ERROR]
     if failed:
         message = str(failed[0].total.stop_reason or "the request failed")
-        return error_response(500 if state.status == "ok" else 503, message, "internal_error")
+        # Draining past the deadline is 503 (try another replica); a failed engine is 500.
+        status = 503 if state.status == "draining" else 500
+        return error_response(status, message, "internal_error")
     return Response(encoder.encode(shaper.final()), media_type="application/json")
 
 

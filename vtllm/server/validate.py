@@ -6,6 +6,11 @@ from vtllm.server.protocol import ChatCompletionRequest, CompletionRequest
 
 MAX_PROMPTS = 64  # prompts in one /v1/completions list
 MAX_N = 16
+MAX_CHOICES = 64  # prompts x n: one HTTP request never fans out into more engine requests
+MAX_STOP = 4  # stop strings, as the OpenAI API documents
+MAX_STOP_CHARS = 256  # text within this many characters of the end is held back while streaming
+MAX_TOP_LOGPROBS = 20
+MAX_TEMPERATURE = 2.0
 ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
@@ -90,14 +95,13 @@ def sampling_params(req, *, chat: bool, max_new_tokens: int) -> SamplingParams:
         stop = [stop]
     elif not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise InvalidParameter("stop must be a string or a list of strings", param="stop")
-    bias = None
-    if req.logit_bias:
-        try:
-            bias = {int(k): v for k, v in req.logit_bias.items()}
-        except ValueError:
-            raise InvalidParameter(
-                "logit_bias keys must be token ids", param="logit_bias"
-            ) from None
+    if len(stop) > MAX_STOP:
+        raise InvalidParameter(f"at most {MAX_STOP} stop strings", param="stop")
+    if any(not s or len(s) > MAX_STOP_CHARS for s in stop):
+        raise InvalidParameter(f"stop strings hold 1 to {MAX_STOP_CHARS} characters", param="stop")
+    if req.stream_options is not None and not req.stream:
+        raise InvalidParameter("stream_options needs stream=true", param="stream_options")
+    bias = _logit_bias(req.logit_bias)
     max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens else req.max_tokens
     if max_tokens is None and not chat:
         max_tokens = 16  # the OpenAI default for completions
@@ -108,10 +112,20 @@ def sampling_params(req, *, chat: bool, max_new_tokens: int) -> SamplingParams:
         )
     if not 1 <= req.n <= MAX_N:
         raise InvalidParameter(f"n must be in [1, {MAX_N}]", param="n")
+    if req.temperature is not None and req.temperature > MAX_TEMPERATURE:
+        raise InvalidParameter(
+            f"temperature must be in [0, {MAX_TEMPERATURE}] (the OpenAI range)", param="temperature"
+        )
+    if req.n > 1 and req.temperature == 0:
+        raise InvalidParameter("n > 1 needs temperature > 0 (greedy choices are equal)", param="n")
     if chat:
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
             raise InvalidParameter("top_logprobs needs logprobs=true", param="top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidParameter(
+                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs"
+            )
     else:
         logprobs = req.logprobs
     defaults = SamplingParams()
@@ -135,3 +149,28 @@ def sampling_params(req, *, chat: bool, max_new_tokens: int) -> SamplingParams:
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
     )
+
+
+def check_fan_out(num_prompts: int, n: int) -> None:
+    if num_prompts * n > MAX_CHOICES:
+        raise InvalidParameter(
+            f"prompts x n is {num_prompts * n}; at most {MAX_CHOICES} per request", param="n"
+        )
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    """Keys must be token ids; the error names the first few bad keys (each cut short)."""
+    if not raw:
+        return None
+    bias, bad = {}, []
+    for key, value in raw.items():
+        if key.isascii() and key.isdigit() and len(key) <= 10:
+            bias[int(key)] = value
+        else:
+            bad.append(key[:16])
+    if bad:
+        shown = ", ".join(repr(k) for k in bad[:5])
+        raise InvalidParameter(
+            f"logit_bias keys must be token ids; bad keys: {shown}", param="logit_bias"
+        )
+    return bias

@@ -67,9 +67,13 @@ async def serve(state: ServerState, *, ready=None) -> None:
     hconfig.bind = [f"{config.host}:{config.port}"]
     hconfig.accesslog = None
     hconfig.h11_max_incomplete_size = 64 * 1024  # request line + headers; beyond: 431
-    # Per read: a connection silent this long mid-request is cut off. A body trickled a byte
-    # at a time never trips it; read_json's VT_SERVER_BODY_TIMEOUT_S deadline does.
-    hconfig.read_timeout = 30
+    # No read timeout: hypercorn applies it to every read of the connection, also while the
+    # client silently waits for its answer, and on expiry hands the app an http.disconnect,
+    # so any generation longer than the timeout was aborted as if the client had left.
+    # Slow clients are bounded elsewhere: headers by the keep-alive timeout (a connection is
+    # idle until its request line and headers are complete), bodies by read_json's
+    # VT_SERVER_BODY_TIMEOUT_S deadline.
+    hconfig.read_timeout = None
     hconfig.graceful_timeout = 5.0  # after our own drain (drain_then_stop)
     stop = anyio.Event()
     app = build_app(state)

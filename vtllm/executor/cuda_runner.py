@@ -23,7 +23,12 @@ from numba import cuda
 from vtllm.executor.cuda_graphs import CudaGraph, free_device_memory
 from vtllm.executor.cuda_model import CudaForward, StepInputs
 from vtllm.executor.kv_cache import num_kv_blocks
-from vtllm.executor.step_layout import flatten_chunks, seat_sampling
+from vtllm.executor.step_layout import (
+    extend_block_tables,
+    flatten_chunks,
+    prompt_logprobs,
+    seat_sampling,
+)
 from vtllm.kernels import cpu as cpu_ops
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda.gather import gather_rows
@@ -143,12 +148,7 @@ class CudaModelRunner:
             self.num_slot_blocks[slot] = len(seat.block_ids)
             seat_sampling(self.sampling, seat, self.config.eos_token_ids)
             self._sampling_dirty = True
-        for chunk in plan.chunks:
-            if chunk.new_block_ids:
-                start = self.num_slot_blocks[chunk.slot]
-                end = start + len(chunk.new_block_ids)
-                self.block_tables[chunk.slot, start:end] = chunk.new_block_ids
-                self.num_slot_blocks[chunk.slot] = end
+        extend_block_tables(plan.chunks, self.block_tables, self.num_slot_blocks)
         if self._sampling_dirty:
             for name in TABLE_LAYOUT:  # pageable copies: staged at once, safe to edit after
                 getattr(self.sampling_dev, name).copy_to_device(getattr(self.sampling, name), s)
@@ -326,31 +326,8 @@ class CudaModelRunner:
         """Prompt logprobs on the host (rare; the step waits for its logits)."""
         host = logits.copy_to_host(stream=self.stream)
         self.stream.synchronize()
-        result, row = {}, 0
-        for c in plan.chunks:
-            if not c.prompt_logprobs:
-                row += 1 if c.sample else 0
-                continue
-            prompt_len = int(self.prompt_lens[c.slot])
-            last = min(c.start + c.num_tokens, prompt_len - 1)
-            n, k = max(0, last - c.start), int(self.num_prompt_logprobs[c.slot])
-            entries = []
-            if n:
-                next_ids = np.ascontiguousarray(
-                    self.prompt_ids_host[c.slot, c.start + 1 : last + 1]
-                )
-                lp = cpu_ops.LogprobsOut.create(n)
-                rows = np.ascontiguousarray(host[row : row + n])
-                cpu_ops.prompt_logprobs(rows, next_ids, k, lp.logprob, lp.rank, lp.top_ids,
-                                        lp.top_logprobs)  # fmt: skip
-                entries = [
-                    TokenLogprobs(int(next_ids[j]), float(lp.logprob[j]), int(lp.rank[j]),
-                                  lp.top_ids[j, :k].tolist(), lp.top_logprobs[j, :k].tolist())
-                    for j in range(n)
-                ]  # fmt: skip
-            result[c.slot] = entries
-            row += c.num_tokens
-        return result
+        return prompt_logprobs(plan, host, self.prompt_ids_host, self.prompt_lens,
+                               self.num_prompt_logprobs, cpu_ops)  # fmt: skip
 
     def capture_all(self, progress=None) -> None:
         """Warm-up and capture of every decode bucket at start (all-padding steps)."""

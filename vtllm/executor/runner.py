@@ -7,7 +7,12 @@ a token the host has not seen yet (depth 2). Hot path: keep it lean, put feature
 
 import numpy as np
 
-from vtllm.executor.step_layout import flatten_chunks, seat_sampling
+from vtllm.executor.step_layout import (
+    extend_block_tables,
+    flatten_chunks,
+    prompt_logprobs,
+    seat_sampling,
+)
 from vtllm.models.llama import ForwardBatch, KVCache, LlamaModel
 from vtllm.models.loader import LoadedModel
 from vtllm.scheduler.plan import SampledToken, StepPlan, StepResult, TokenLogprobs
@@ -54,12 +59,7 @@ class ModelRunner:
             self.block_tables[slot, : len(seat.block_ids)] = seat.block_ids
             self.num_slot_blocks[slot] = len(seat.block_ids)
             seat_sampling(self.sampling, seat, eos)
-        for chunk in plan.chunks:
-            if chunk.new_block_ids:
-                start = self.num_slot_blocks[chunk.slot]
-                end = start + len(chunk.new_block_ids)
-                self.block_tables[chunk.slot, start:end] = chunk.new_block_ids
-                self.num_slot_blocks[chunk.slot] = end
+        extend_block_tables(plan.chunks, self.block_tables, self.num_slot_blocks)
 
     def _batch(self, plan: StepPlan) -> tuple[ForwardBatch, list[int], list[int]]:
         flat = flatten_chunks(plan.chunks, self.block_tables, self.block_size)
@@ -130,40 +130,5 @@ class ModelRunner:
         return out
 
     def _prompt_logprobs(self, plan, logits, batch, logits_rows) -> dict:
-        result = {}
-        row = 0
-        for c in plan.chunks:
-            if not c.prompt_logprobs:
-                row += 1 if c.sample else 0
-                continue
-            prompt_len = int(self.prompt_lens[c.slot])
-            # Logits at position p score the prompt token at p + 1.
-            last = min(c.start + c.num_tokens, prompt_len - 1)
-            n = max(0, last - c.start)
-            k = int(self.num_prompt_logprobs[c.slot])
-            entries = []
-            if n:
-                next_ids = np.ascontiguousarray(self.token_ids[c.slot, c.start + 1 : last + 1])
-                lp = self.ops.LogprobsOut.create(n)
-                self.ops.prompt_logprobs(
-                    np.ascontiguousarray(logits[row : row + n]),
-                    next_ids,
-                    k,
-                    lp.logprob,
-                    lp.rank,
-                    lp.top_ids,
-                    lp.top_logprobs,
-                )
-                entries = [
-                    TokenLogprobs(
-                        int(next_ids[j]),
-                        float(lp.logprob[j]),
-                        int(lp.rank[j]),
-                        lp.top_ids[j, :k].tolist(),
-                        lp.top_logprobs[j, :k].tolist(),
-                    )
-                    for j in range(n)
-                ]
-            result[c.slot] = entries
-            row += c.num_tokens
-        return result
+        return prompt_logprobs(plan, logits, self.token_ids, self.prompt_lens,
+                               self.num_prompt_logprobs, self.ops)  # fmt: skip

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vtllm.scheduler.plan import Chunk, SeatedRequest
+from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan, TokenLogprobs
 
 
 @dataclass(slots=True)
@@ -77,3 +77,42 @@ def seat_sampling(table, seat: SeatedRequest, eos_token_ids) -> None:
         logit_bias=sp.logit_bias,
         min_stop_ids=stops,
     )
+
+
+def extend_block_tables(chunks: list[Chunk], block_tables: np.ndarray, num_slot_blocks) -> None:
+    """Appends each chunk's new blocks to its slot's block table (before the step runs)."""
+    for chunk in chunks:
+        if chunk.new_block_ids:
+            start = num_slot_blocks[chunk.slot]
+            end = start + len(chunk.new_block_ids)
+            block_tables[chunk.slot, start:end] = chunk.new_block_ids
+            num_slot_blocks[chunk.slot] = end
+
+
+def prompt_logprobs(plan: StepPlan, logits, prompt_ids, prompt_lens, num_prompt_logprobs, ops):
+    """Logprobs of the prompt tokens inside the chunks that asked for them, from host logits
+    laid out as the step's logits rows (every row of such a chunk, the last row of other
+    sampling chunks). prompt_ids [slots, len] holds the prompts; ops is a CPU kernel table.
+    Returns slot -> one TokenLogprobs per scored prompt token."""
+    result, row = {}, 0
+    for c in plan.chunks:
+        if not c.prompt_logprobs:
+            row += 1 if c.sample else 0
+            continue
+        # Logits at position p score the prompt token at p + 1.
+        last = min(c.start + c.num_tokens, int(prompt_lens[c.slot]) - 1)
+        n, k = max(0, last - c.start), int(num_prompt_logprobs[c.slot])
+        entries = []
+        if n:
+            next_ids = np.ascontiguousarray(prompt_ids[c.slot, c.start + 1 : last + 1])
+            lp = ops.LogprobsOut.create(n)
+            rows = np.ascontiguousarray(logits[row : row + n])
+            ops.prompt_logprobs(rows, next_ids, k, lp.logprob, lp.rank, lp.top_ids,
+                                lp.top_logprobs)  # fmt: skip
+            for j in range(n):
+                top_ids, top_lps = lp.top_ids[j, :k].tolist(), lp.top_logprobs[j, :k].tolist()
+                entries.append(TokenLogprobs(int(next_ids[j]), float(lp.logprob[j]),
+                                             int(lp.rank[j]), top_ids, top_lps))  # fmt: skip
+        result[c.slot] = entries
+        row += c.num_tokens
+    return result

@@ -12,6 +12,7 @@ from vtllm.engine.build import build_parts
 from vtllm.engine.loop import StepLoop
 from vtllm.models.loader import load_model
 from vtllm.models.synthetic import write_checkpoint
+from vtllm.scheduler.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
 
@@ -67,8 +68,6 @@ def test_greedy_matches_cpu_on_peaked_checkpoints(tmp_path, shape):
     rng = np.random.default_rng(0)
     work = []
     for i in range(12):
-        from vtllm.scheduler.sampling_params import SamplingParams
-
         prompt = rng.integers(3, loaded.config.vocab_size, int(rng.integers(1, 40))).tolist()
         work.append((f"g{i}", prompt, SamplingParams(max_tokens=32, temperature=0.0,
                                                      ignore_eos=True), None))  # fmt: skip
@@ -123,7 +122,6 @@ def test_logprobs_and_prompt_logprobs_match_cpu(tmp_path):
     """Sampled-token logprobs (from the device sampler) and prompt logprobs on the GPU against
     the CPU backend on a peaked checkpoint: same ids, values within float32 noise."""
     from vtllm.llm import LLM
-    from vtllm.scheduler.sampling_params import SamplingParams
 
     directory = write_checkpoint(tmp_path / "m", "tiny-qwen3", seed=6, peaked=True, bf16=True)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3,

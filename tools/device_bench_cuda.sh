@@ -3,6 +3,7 @@
 # at real shapes, CUDA graphs on/off, depth 2/1, and time to ready. From the repo root:
 #   source .device/bootstrap.sh && bash tools/device_bench_cuda.sh [shape ...]
 # Default shapes: qwen3-0.6b llama3-8b. Prints one line per run and a table at the end.
+# MODES="graphs=1 depth=2" runs only that mode (default: the three below).
 set -uo pipefail
 export NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 PYTHONUNBUFFERED=1
 export NUMBA_CACHE_DIR="${NUMBA_CACHE_DIR:-$PWD/.numba_cache}"
@@ -13,7 +14,8 @@ work="${SYNTH_DIR:-/tmp/synth}"
 results="$(mktemp)"
 for shape in "${shapes[@]}"; do
     [ -f "$work/$shape/config.json" ] || python3 -m vtllm synth --shape "$shape" --out "$work/$shape"
-    for mode in "graphs=1 depth=2" "graphs=0 depth=2" "graphs=1 depth=1"; do
+    IFS=, read -ra modes <<< "${MODES:-graphs=1 depth=2,graphs=0 depth=2,graphs=1 depth=1}"
+    for mode in "${modes[@]}"; do
         eval "$mode"
         started=$(date +%s.%N)
         python3 -m vtllm bench latency --model "$work/$shape" --device cuda \

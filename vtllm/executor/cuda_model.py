@@ -11,9 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
+from vtllm.kernels import QType
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda.attention_split import make_scratch
 from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
+from vtllm.kernels.cuda.linear_mma import (
+    linear_mma,
+    pack_bf16,
+    packable,
+    x_scratch_words,
+)
 from vtllm.kernels.cuda.qkv_rope import qkv_rope
 from vtllm.models.config import ModelConfig
 from vtllm.models.llama import rope_table
@@ -22,8 +29,16 @@ from vtllm.models.weights import ModelWeights, Weight, concat_rows
 
 @dataclass(slots=True)
 class DeviceWeight:
-    data: object  # device array, layout per QType
+    data: object  # device array, layout per QType, or a PackedBF16 for the tensor cores
     qtype: int
+    packed: bool = False  # bf16 in mma fragment order (kernels/cuda/linear_mma)
+
+    def matmul(self, x, out, *, bias=None, x_scratch=None, stream=0) -> None:
+        """out = x @ W.T (+ bias); x_scratch: see linear_mma."""
+        if self.packed:
+            linear_mma(x, self.data, out, bias=bias, x_scratch=x_scratch, stream=stream)
+        else:
+            ops.linear(x, self.data, self.qtype, out, bias=bias, stream=stream)
 
 
 @dataclass(slots=True)
@@ -48,8 +63,19 @@ def _fused(parts: list[Weight], what: str) -> Weight:
 
 
 def upload_weights(weights: ModelWeights, stream) -> tuple[list[DeviceLayer], dict]:
-    def w(x: Weight) -> DeviceWeight:
+    def raw(x: Weight) -> DeviceWeight:
         return DeviceWeight(cuda.to_device(np.ascontiguousarray(x.data), stream=stream), x.qtype)
+
+    def w(x: Weight) -> DeviceWeight:
+        """bf16 matrices with 16-aligned shapes go to the tensor cores, packed on the device
+        (the raw upload is freed); every other type keeps the GEMV kernel of its QType."""
+        up = raw(x)
+        n, k = x.data.shape
+        if x.qtype != QType.BF16 or not packable(n, k):
+            return up
+        packed = pack_bf16(up.data, stream=stream)
+        stream.synchronize()  # the raw copy is freed on return
+        return DeviceWeight(packed, x.qtype, packed=True)
 
     def vec(a):
         return None if a is None else cuda.to_device(np.ascontiguousarray(a, np.float32), stream)
@@ -68,8 +94,12 @@ def upload_weights(weights: ModelWeights, stream) -> tuple[list[DeviceLayer], di
         )
         for layer in weights.layers
     ]
-    embed = w(weights.embed)
-    lm_head = embed if weights.lm_head is weights.embed else w(weights.lm_head)
+    embed = raw(weights.embed)  # read by row lookups, so never packed
+    tied = weights.lm_head is weights.embed
+    if tied and not (embed.qtype == QType.BF16 and packable(*weights.embed.data.shape)):
+        lm_head = embed
+    else:  # tied and bf16: a packed copy beside the embedding rows
+        lm_head = w(weights.lm_head)
     return layers, {"embed": embed, "lm_head": lm_head, "final_norm": vec(weights.final_norm)}
 
 
@@ -114,6 +144,8 @@ class CudaForward:
         self.final_h, self.final_res = buf(n, c.hidden_size), buf(n, c.hidden_size)
         self.final = buf(n, c.hidden_size)
         self.logits = buf(n, c.vocab_size)
+        widest = max(c.hidden_size, c.q_size, c.intermediate_size)
+        self.x_scratch = buf(x_scratch_words(n, widest), dtype=np.uint32)  # x split for mma
         # split-key attention spreads rows of steps up to max_decode_rows tokens over blocks
         self.attn_scratch = make_scratch(max_decode_rows, c.num_heads, c.head_dim, max_positions,
                                          stream=stream)  # fmt: skip
@@ -131,7 +163,7 @@ class CudaForward:
         eps = c.rms_norm_eps
         ids, residual, x, h = self.input_ids[:T], self.residual[:T], self.x[:T], self.h[:T]
         qkv, attn, gate_up, act = self.qkv[:T], self.attn[:T], self.gate_up[:T], self.act[:T]
-        q = self.q[:T]
+        q, xs = self.q[:T], self.x_scratch
         gather_tokens(token_ids_dev, inputs.token_slots, inputs.positions, ids, stream=s)
         ops.embedding(ids, self.embed.data, self.embed.qtype, residual, stream=s)
         for i, layer in enumerate(self.layers):
@@ -139,22 +171,22 @@ class CudaForward:
                 ops.rms_norm(residual, layer.attn_norm, eps, x, stream=s)
             else:  # residual += h (last MLP output), x = norm(residual)
                 ops.rms_norm(h, layer.attn_norm, eps, x, residual=residual, stream=s)
-            ops.linear(x, layer.qkv.data, layer.qkv.qtype, qkv, bias=layer.qkv_bias, stream=s)
+            layer.qkv.matmul(x, qkv, bias=layer.qkv_bias, x_scratch=xs, stream=s)
             norms = {"q_norm": layer.q_norm, "k_norm": layer.k_norm}
             qkv_rope(qkv, q, self.kv_k[i], self.kv_v[i], inputs.slot_mapping, inputs.positions,
                      self.cos_sin, eps, **norms, stream=s)  # fmt: skip
             ops.paged_attention(q, self.kv_k[i], self.kv_v[i], inputs.block_tables,
                                 inputs.seq_lens, inputs.query_start_loc, self.scale, attn,
                                 scratch=self.attn_scratch, stream=s)  # fmt: skip
-            ops.linear(attn.reshape(T, c.q_size), layer.o.data, layer.o.qtype, h, stream=s)
+            layer.o.matmul(attn.reshape(T, c.q_size), h, x_scratch=xs, stream=s)
             ops.rms_norm(h, layer.ffn_norm, eps, x, residual=residual, stream=s)
-            ops.linear(x, layer.gate_up.data, layer.gate_up.qtype, gate_up, stream=s)
+            layer.gate_up.matmul(x, gate_up, x_scratch=xs, stream=s)
             ops.silu_and_mul(gate_up, act, stream=s)
-            ops.linear(act, layer.down.data, layer.down.qtype, h, stream=s)
+            layer.down.matmul(act, h, x_scratch=xs, stream=s)
         final_h, final_res, final = self.final_h[:R], self.final_res[:R], self.final[:R]
         gather_rows(h, inputs.logits_rows, final_h, stream=s)
         gather_rows(residual, inputs.logits_rows, final_res, stream=s)
         ops.rms_norm(final_h, self.final_norm, eps, final, residual=final_res, stream=s)
         logits = self.logits[:R]
-        ops.linear(final, self.lm_head.data, self.lm_head.qtype, logits, stream=s)
+        self.lm_head.matmul(final, logits, x_scratch=xs, stream=s)
         return logits

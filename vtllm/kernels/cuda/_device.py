@@ -48,6 +48,37 @@ if SIMULATOR:
     # its threads run concurrently, so a global swapped back by one thread breaks another.
     _lanes = [None] * 1024  # the block's exchange buffer; see the module docstring
 
+    def _patch_simulator_shared_arrays():
+        """numba's simulator makes a block's cuda.shared.array on first use with an unlocked
+        get-then-set, so two threads arriving together may each get their own (uninitialised)
+        array, and the block's exchange through it reads garbage now and then. Same lookup,
+        under a lock."""
+        import sys
+        import threading
+        import traceback
+
+        from numba.core import types
+        from numba.cuda.simulator.kernelapi import FakeCUDAShared
+        from numba.np import numpy_support
+
+        lock, unlocked = threading.Lock(), FakeCUDAShared.array
+
+        def array(self, shape, dtype):
+            if shape == 0:  # dynamic shared memory: one buffer, no lookup
+                return unlocked(self, shape, dtype)
+            if isinstance(dtype, types.Type):
+                dtype = numpy_support.as_dtype(dtype)
+            caller = traceback.extract_stack(sys._getframe())[-2][0:2]  # as numba keys it
+            with lock:
+                res = self._allocations.get(caller)
+                if res is None:
+                    res = self._allocations[caller] = np.empty(shape, dtype)
+            return res
+
+        FakeCUDAShared.array = array
+
+    _patch_simulator_shared_arrays()
+
     @cuda.jit(device=True)
     def as_f32(bits):
         """float32 whose bit pattern is the low 32 bits of the integer bits."""

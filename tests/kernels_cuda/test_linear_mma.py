@@ -1,0 +1,105 @@
+"""linear_mma (bf16 W packed for the tensor cores, x split into two bf16) against the float64
+reference; the same bits for a token whatever the batch around it; bad shapes refused.
+Under the simulator the mma is a float64 stand-in (see kernels/cuda/_ptx.py), so there these
+tests check the packing, the fragment indexing and the work split; on a GPU, the real mma."""
+
+import numpy as np
+import pytest
+
+from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
+from vtllm.kernels import QType
+from vtllm.kernels.cpu.quant import dequantize
+from vtllm.kernels.cuda.linear_mma import (
+    PREPACK_ABOVE,
+    TOKENS,
+    WARPS,
+    linear_mma,
+    pack_bf16,
+    packed_shape,
+    x_scratch_words,
+)
+from vtllm.kernels.reference import linear_ref
+
+pytestmark = pytest.mark.cudasim
+
+# (N, K): one tile; K tiles not a multiple of WARPS x 4 (padded tiles); several row tiles
+SHAPES = [(16, 16), (32, 48 * WARPS)] + ([] if SIMULATOR else [(4096, 4096), (160, 14336)])
+MS = [1, 9] + ([] if SIMULATOR else [TOKENS, TOKENS + 3, 200])
+
+
+def packed(w_bits):
+    return pack_bf16(dev(w_bits))
+
+
+def check_close(out, x, w_bits, bias=None):
+    """x is carried as hi + lo bf16 (relative error <= 2^-15 per element), W exactly; plus
+    float32 accumulation, relative to sum |x| |w|."""
+    ref = linear_ref(x, w_bits, QType.BF16, bias)
+    mag = np.abs(x.astype(np.float64)) @ np.abs(dequantize(w_bits, QType.BF16)).T.astype(np.float64)
+    if bias is not None:
+        mag += np.abs(bias)
+    assert not np.isnan(out).any(), "unwritten outputs"
+    bound = (2.0**-15 + 4e-7 * np.sqrt(x.shape[1])) * mag + 1e-6
+    np.testing.assert_array_less(np.abs(out - ref), bound)
+
+
+@pytest.mark.parametrize("m", MS)
+def test_matches_reference(rng, m):
+    for i, (n, k) in enumerate(SHAPES):
+        w = random_weight(rng, QType.BF16, n, k)
+        x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32) if i % 2 == 0 else None
+        for scratch in (None, dev(np.full(x_scratch_words(m, k) + 5, 0xFFFFFFFF, np.uint32))):
+            out = poisoned((m, n))
+            b = None if bias is None else dev(bias)
+            linear_mma(dev(x), packed(w), out, bias=b, x_scratch=scratch)
+            check_close(host(out), x, w, bias)
+
+
+def test_packed_layout_is_the_mma_fragment_order(rng):
+    """Lane L's registers of tile (0, 0): W[g, 2t..2t+1], W[g+8, ..], W[g, 2t+8..], W[g+8, ..]
+    with g = L // 4, t = L % 4, the lower column in the low half."""
+    w = rng.integers(0, 1 << 16, (16, 32), dtype=np.uint16)
+    p = host(packed(w).data)
+    assert p.shape == packed_shape(16, 32) and not p[0, 2 * 128 :].any(), "padding is zeros"
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        spots = [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]
+        for reg, (r, c) in enumerate(spots):
+            for kt in range(2):
+                word = int(p[0, kt * 128 + 4 * lane + reg])
+                assert word & 0xFFFF == w[r, 16 * kt + c]
+                assert word >> 16 == w[r, 16 * kt + c + 1]
+
+
+def test_a_token_gets_the_same_bits_in_any_batch(rng):
+    """Decode of one token, a batch, and a prefill-sized step, x split in the kernel or
+    beforehand into the scratch: the row of a token is bitwise the same (the depth-2 law
+    needs it)."""
+    n, k = SHAPES[1]
+    w = packed(random_weight(rng, QType.BF16, n, k))
+    x = (rng.standard_normal((2 * TOKENS + 5, k))).astype(np.float32)
+    scratch = dev(np.zeros(x_scratch_words(*x.shape), np.uint32))
+    full = poisoned(x.shape[0:1] + (n,))
+    linear_mma(dev(x), w, full, x_scratch=scratch)
+    full = host(full)
+    subsets = ([0], [TOKENS + 2], list(range(3, 3 + PREPACK_ABOVE + 1)), [2 * TOKENS + 4, 5])
+    for rows in subsets:
+        for use_scratch in (False, True):
+            sub = poisoned((len(rows), n))
+            linear_mma(dev(x[rows]), w, sub, x_scratch=scratch if use_scratch else None)
+            np.testing.assert_array_equal(host(sub), full[rows])
+
+
+def test_bad_shapes_are_refused(rng):
+    w = random_weight(rng, QType.BF16, 16, 16)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        pack_bf16(dev(np.zeros((16, 20), np.uint16)))
+    out = dev(np.zeros((2, 16), np.float32))
+    for k in (20, 32):
+        with pytest.raises(ValueError, match="do not fit"):
+            linear_mma(dev(np.zeros((2, k), np.float32)), packed(w), out)
+    with pytest.raises(ValueError, match="do not fit"):
+        linear_mma(
+            dev(np.zeros((2, 16), np.float32)), packed(w), dev(np.zeros((3, 16), np.float32))
+        )

@@ -1,0 +1,116 @@
+# ruff: noqa: E501
+"""Linear kernels against torch on the same shapes, on the GPU machine (after .device/bootstrap.sh):
+    python3 tools/device_bench_linear.py [--ms 1,2,4,8,16,32,64] [--prefill 1024] [--variant F]
+Ours: the tensor-core kernel on packed bf16 W (linear_mma) and the GEMV kernel (linear, bf16
+bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a CUDA graph of
+20 back-to-back launches replayed 5 times, median per launch (no Python launch cost in it).
+GB/s counts the weight bytes once per launch; TFLOP/s is 2 M N K per launch. --variant loads
+the kernel module from a file instead (a copy with other tuning constants)."""
+
+import argparse
+import importlib.util
+import statistics
+
+import numpy as np
+import torch
+from numba import cuda
+
+from vtllm.executor.cuda_graphs import CudaGraph
+from vtllm.kernels import QType
+from vtllm.kernels.cuda import linear
+from vtllm.kernels.cuda import linear_mma as default_module
+
+SHAPES = {  # name: (N, K)
+    "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096),
+    "8B down": (4096, 14336), "8B lm_head": (128256, 4096),
+    "0.6B qkv": (4096, 1024), "0.6B o": (1024, 2048), "0.6B gate_up": (6144, 1024),
+    "0.6B down": (1024, 3072), "0.6B lm_head": (151936, 1024),
+}  # fmt: skip
+
+
+def numba_us(stream, fn, reps=20, rounds=5) -> float:
+    fn()
+    stream.synchronize()
+    graph = CudaGraph(stream, lambda: [fn() for _ in range(reps)])
+    times = []
+    for _ in range(rounds):
+        a, b = cuda.event(), cuda.event()
+        a.record(stream)
+        graph.replay()
+        b.record(stream)
+        b.synchronize()
+        times.append(cuda.event_elapsed_time(a, b) * 1e3 / reps)
+    graph.close()
+    return statistics.median(times)
+
+
+def torch_us(fn, reps=20, rounds=5) -> float:
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(reps):
+                fn()
+        times = []
+        for _ in range(rounds):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(s)
+            g.replay()
+            b.record(s)
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ms", default="1,2,4,8,16,32,64")
+    p.add_argument("--prefill", default="1024")
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--gemv", action="store_true", help="also time the GEMV kernel (M <= 8)")
+    p.add_argument("--variant", help="a copy of kernels/cuda/linear_mma.py to time instead")
+    args = p.parse_args()
+    mod = default_module
+    if args.variant:
+        spec = importlib.util.spec_from_file_location("variant", args.variant)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        print(f"variant {args.variant}: WARPS={mod.WARPS} UNROLL={mod.UNROLL}")
+    ms = [int(m) for m in args.ms.split(",")] + [int(m) for m in args.prefill.split(",") if m]
+    stream = cuda.stream()
+    rng = np.random.default_rng(0)
+    print(
+        f"{'shape':14s} {'M':>5s} {'ours us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} {'torch us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} {'ours/torch':>10s} {'gemv us':>8s}"
+    )
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        wt = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
+        w_bits = cuda.as_cuda_array(wt.view(torch.int16)).view(np.uint16)
+        packed = mod.pack_bf16(w_bits, stream=stream)
+        stream.synchronize()
+        for m in ms:
+            x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32), stream=stream)
+            out = cuda.device_array((m, n), np.float32, stream=stream)
+            xs = cuda.device_array(mod.x_scratch_words(m, k), np.uint32, stream=stream)
+
+            def ours_fn(x=x, p=packed, o=out, xs=xs):
+                mod.linear_mma(x, p, o, x_scratch=xs, stream=stream)
+
+            ours = numba_us(stream, ours_fn)
+            gemv = ""
+            if args.gemv and m <= 8:
+                gemv = f"{numba_us(stream, lambda x=x, w=w_bits, o=out: linear(x, w, QType.BF16, o, stream=stream)):8.1f}"
+            xt = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            peer = torch_us(lambda xt=xt, wt=wt: torch.nn.functional.linear(xt, wt))
+            gb = n * k * 2 / 1e3
+            tf = 2 * m * n * k / 1e6
+            print(
+                f"{name:14s} {m:5d} {ours:8.1f} {gb / ours:6.0f} {tf / ours:7.1f} {peer:8.1f} {gb / peer:6.0f} {tf / peer:7.1f} {peer / ours:10.2f} {gemv}"
+            )
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Inline-PTX intrinsics for the tensor-core kernels, and their stand-ins under the simulator.
+
+  load_u32x4(a, row, col): the four uint32 a[row, col .. col + 3] in one 128-bit load,
+      `ld.global.nc.L1::no_allocate.v4.u32` (read-only data streamed past L1: weights); col
+      must be a multiple of 4 and the row start 16-byte aligned.
+  mma_bf16(a0..a3, b0, b1, c0..c3): one warp-wide `mma.sync.aligned.m16n8k16.row.col` with
+      bf16 inputs and float32 accumulators, D = A @ B + C. Fragments as in the PTX ISA: with
+      g = lane // 4 and t = lane % 4, register a0 holds A[g, 2t .. 2t+1], a1 A[g+8, 2t ..],
+      a2 A[g, 2t+8 ..], a3 A[g+8, 2t+8 ..]; b0 B[2t .. 2t+1, g], b1 B[2t+8 .., g]; c0/c1
+      C[g, 2t], C[g, 2t+1], c2/c3 the same at row g+8. Each 32-bit register packs two bf16,
+      the lower index in the low half. Every lane of the warp must call it together.
+  float_bits(x): the bits of a float32 as an int32.
+  split_bf16x2(u, v): (hi, lo), two uint32 of bf16 pairs, u in the low halves: hi rounds u and
+      v to bf16 (nearest even), lo rounds the remainders u - hi, v - hi, so u ~ hi + lo to
+      about 2^-17 relative (`cvt.rn.bf16x2.f32` twice, two subtractions).
+  load_f32x2(a, row, col): a[row, col] and a[row, col + 1] in one 64-bit load; col even and
+      the row start 8-byte aligned.
+
+numba's simulator has no inline PTX: there the loads are plain indexing and the mma is
+computed in float64 from the whole warp's fragments, exchanged through the block like the
+simulator's warp reductions (so every thread of a block must call it the same number of
+times: keep calls in block-uniform control flow).
+"""
+
+import numpy as np
+from numba import cuda
+
+from vtllm.kernels.cuda._device import SIMULATOR
+
+if SIMULATOR:
+    from vtllm.kernels.cuda._device import _exchange, _lanes
+
+    def load_u32x4(a, row, col):
+        return a[row, col], a[row, col + 1], a[row, col + 2], a[row, col + 3]
+
+    def load_f32x2(a, row, col):
+        return a[row, col], a[row, col + 1]
+
+    def _round_bf16(x) -> int:
+        """bf16 bits of float32 x, round to nearest even (finite x)."""
+        bits = int(np.float32(x).view(np.uint32))
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+    def split_bf16x2(u, v):
+        hu, hv = _round_bf16(u), _round_bf16(v)
+        lu = _round_bf16(np.float32(u) - np.uint32(hu << 16).view(np.float32))
+        lv = _round_bf16(np.float32(v) - np.uint32(hv << 16).view(np.float32))
+        return hu | (hv << 16), lu | (lv << 16)
+
+    def float_bits(x):
+        return int(np.float32(x).view(np.int32))
+
+    def _bf16(bits) -> float:
+        return float(np.uint32((int(bits) & 0xFFFF) << 16).view(np.float32))
+
+    def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        tid, _ = _exchange((a0, a1, a2, a3, b0, b1))
+        base = tid - tid % 32
+        A = np.zeros((16, 16))
+        B = np.zeros((16, 8))
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            ra0, ra1, ra2, ra3, rb0, rb1 = _lanes[base + lane]
+            for half in range(2):
+                shift = 16 * half
+                A[g, 2 * t + half] = _bf16(int(ra0) >> shift)
+                A[g + 8, 2 * t + half] = _bf16(int(ra1) >> shift)
+                A[g, 2 * t + 8 + half] = _bf16(int(ra2) >> shift)
+                A[g + 8, 2 * t + 8 + half] = _bf16(int(ra3) >> shift)
+                B[2 * t + half, g] = _bf16(int(rb0) >> shift)
+                B[2 * t + 8 + half, g] = _bf16(int(rb1) >> shift)
+        D = A @ B
+        g, t = (tid % 32) // 4, tid % 4
+        f = np.float32
+        return (
+            f(D[g, 2 * t] + c0),
+            f(D[g, 2 * t + 1] + c1),
+            f(D[g + 8, 2 * t] + c2),
+            f(D[g + 8, 2 * t + 1] + c3),
+        )
+
+else:
+    from llvmlite import ir
+    from numba.cuda import cgutils, types
+    from numba.cuda.extending import intrinsic
+
+    _I32, _F32 = ir.IntType(32), ir.FloatType()
+
+    @intrinsic
+    def load_u32x4(typingctx, a, row, col):
+        sig = types.UniTuple(types.uint32, 4)(a, row, col)
+
+        def codegen(context, builder, sig, args):
+            aryty = sig.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            idx = [
+                context.cast(builder, v, t, types.intp)
+                for v, t in zip(args[1:], sig.args[1:], strict=True)
+            ]
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [ptr.type])
+            asm = ir.InlineAsm(
+                fnty,
+                "ld.global.nc.L1::no_allocate.v4.u32 {$0,$1,$2,$3}, [$4];",
+                "=r,=r,=r,=r,l",
+            )
+            res = builder.call(asm, [ptr])
+            parts = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, parts)
+
+        return sig, codegen
+
+    @intrinsic
+    def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        sig = types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+        def codegen(context, builder, sig, args):
+            regs = [
+                context.cast(builder, v, t, types.uint32)
+                for v, t in zip(args[:6], sig.args[:6], strict=True)
+            ]
+            accs = [
+                context.cast(builder, v, t, types.float32)
+                for v, t in zip(args[6:], sig.args[6:], strict=True)
+            ]
+            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
+            asm = ir.InlineAsm(
+                fnty,
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+            )
+            res = builder.call(asm, regs + accs)
+            parts = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, parts)
+
+        return sig, codegen
+
+    @cuda.jit(device=True)
+    def float_bits(x):
+        return cuda.libdevice.float_as_int(x)
+
+    @intrinsic
+    def load_f32x2(typingctx, a, row, col):
+        sig = types.UniTuple(types.float32, 2)(a, row, col)
+
+        def codegen(context, builder, sig, args):
+            aryty = sig.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            idx = [
+                context.cast(builder, v, t, types.intp)
+                for v, t in zip(args[1:], sig.args[1:], strict=True)
+            ]
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
+            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 2), [ptr.type])
+            asm = ir.InlineAsm(fnty, "ld.global.v2.f32 {$0,$1}, [$2];", "=f,=f,l")
+            res = builder.call(asm, [ptr])
+            parts = [builder.extract_value(res, i) for i in range(2)]
+            return context.make_tuple(builder, sig.return_type, parts)
+
+        return sig, codegen
+
+    @intrinsic
+    def split_bf16x2(typingctx, u, v):
+        sig = types.UniTuple(types.uint32, 2)(u, v)
+
+        def codegen(context, builder, sig, args):
+            vals = [
+                context.cast(builder, a, t, types.float32)
+                for a, t in zip(args, sig.args, strict=True)
+            ]
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 2), [_F32] * 2)
+            asm = ir.InlineAsm(
+                fnty,
+                "{ .reg .b32 lo_b, hi_b; .reg .f32 lo_f, hi_f;"
+                " cvt.rn.bf16x2.f32 $0, $3, $2;"
+                " shl.b32 lo_b, $0, 16; and.b32 hi_b, $0, 0xFFFF0000;"
+                " mov.b32 lo_f, lo_b; mov.b32 hi_f, hi_b;"
+                " sub.f32 lo_f, $2, lo_f; sub.f32 hi_f, $3, hi_f;"
+                " cvt.rn.bf16x2.f32 $1, hi_f, lo_f; }",
+                "=&r,=r,f,f",
+            )
+            res = builder.call(asm, vals)
+            parts = [builder.extract_value(res, i) for i in range(2)]
+            return context.make_tuple(builder, sig.return_type, parts)
+
+        return sig, codegen

@@ -1,0 +1,261 @@
+"""out = x @ W.T (+ bias) on tensor cores, for bf16 W packed once into mma fragment order.
+Hot path: keep it lean.
+
+Packing (pack_bf16, at upload): W [N, K] becomes [N/16, K/16 tiles x 128 words], each 16x16
+tile stored as the 32 lanes' A fragments of mma.m16n8k16 (4 uint32 per lane, see _ptx), so a
+warp reads a tile as one coalesced 512-byte sweep of 128-bit loads and feeds it straight to
+the tensor cores, no shared memory and no shuffles. Rows are padded with zero tiles to whole
+rounds of the loop (packed_shape), so the loop has no bounds checks on W.
+
+The product runs transposed, out.T = W @ x.T: a tile of 16 rows of W is the mma's A operand
+and 8 rows of x (tokens) its B operand, so a decode step of one to eight tokens fills one
+mma's N side and reads W once. x stays float32: each value is split into two bf16, hi (x
+rounded) and lo (the remainder rounded), and both go through the tensor cores, so the
+activations keep about 17 significant bits (error <= 2^-17 relative) while the weights, bf16
+already, are exact. Decode is bound by reading W, so the second mma is free there.
+
+Work split: a block owns one 16-row tile of W and up to TOKENS tokens; its WARPS warps take
+the K tiles round-robin (warp w: tiles w, w + WARPS, ...), each summing its tiles in order
+into float32 accumulators, and the block adds the warps' partials in warp order. Every
+output is therefore the same sequence of float operations whatever M is and wherever the
+token sits in the batch: decode, batched decode and prefill give the same bits, which the
+depth-2 executor's law relies on. W is read once per TOKENS tokens; consecutive blocks share
+a tile of W (the grid's x runs over tokens), so prefill re-reads it from L2, not HBM.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, float32
+
+from vtllm.kernels.cuda._device import SIMULATOR, imin
+from vtllm.kernels.cuda._host import aligned, check, placeholder
+from vtllm.kernels.cuda._ptx import load_f32x2, load_u32x4, mma_bf16, split_bf16x2
+
+WARPS = 2 if SIMULATOR else 8  # K slices per block
+GROUPS = 4  # 8-token groups per block (the code below is written out for four)
+TOKENS = 8 * GROUPS
+UNROLL = 4  # tiles of W each warp has in flight (written out below)
+TILE_WORDS = 128  # uint32 words per packed 16x16 tile: 32 lanes x 4 registers
+PACK_THREADS = 256
+# 80 registers a thread (a few bytes spill) fit three blocks on an SM instead of two: at M = 1
+# that took W streaming from 1.9 to 2.7-3.3 TB/s on the H200 (tools/device_bench_linear.py)
+_REGISTERS = {} if SIMULATOR else {"max_registers": 80}
+PREPACK_ABOVE = 8  # tokens: up to one mma group, x is split inside the kernel (no extra launch)
+
+
+def packed_shape(n: int, k: int) -> tuple[int, int]:
+    """K is padded with zero tiles to whole rounds of the kernel's loop (WARPS x UNROLL
+    tiles), so the loop needs no bounds checks on W: the zeros add exact zeros."""
+    rounds = -(-(k // 16) // (WARPS * UNROLL))
+    return n // 16, rounds * WARPS * UNROLL * TILE_WORDS
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBF16:
+    """W [n, k] in fragment order (pack_bf16); data: device uint32 of packed_shape(n, k)."""
+
+    data: object
+    n: int
+    k: int
+
+
+def packable(n: int, k: int) -> bool:
+    return n % 16 == 0 and k % 16 == 0 and n > 0 and k > 0
+
+
+@cuda.jit(cache=True)
+def _pack_kernel(w, packed):
+    """One packed word per thread: lane L's register reg of tile (nt, kt) holds
+    W[16 nt + g + 8 (reg & 1), 16 kt + 2 t + 8 (reg >> 1) + {0, 1}], g = L // 4, t = L % 4;
+    tiles past K are zeros."""
+    i = cuda.grid(1)
+    per_row = packed.shape[1]
+    if i >= packed.shape[0] * per_row:
+        return
+    nt, rem = i // per_row, i % per_row
+    kt, q = rem // TILE_WORDS, rem % TILE_WORDS
+    lane, reg = q // 4, q % 4
+    row = 16 * nt + lane // 4 + 8 * (reg & 1)
+    col = 16 * kt + 2 * (lane % 4) + 8 * (reg >> 1)
+    if col >= w.shape[1]:
+        packed[nt, rem] = np.uint32(0)
+    else:
+        packed[nt, rem] = np.uint32(w[row, col]) | (np.uint32(w[row, col + 1]) << np.uint32(16))
+
+
+@cuda.jit(device=True)
+def _group(x, r, k, a0, a1, a2, a3, c0, c1, c2, c3):
+    """One tile of W against 8 tokens (this lane's: row r of x, columns k, k+1, k+8, k+9)."""
+    u0, u1 = load_f32x2(x, r, k)
+    v0, v1 = load_f32x2(x, r, k + 8)
+    h0, l0 = split_bf16x2(u0, u1)
+    h1, l1 = split_bf16x2(v0, v1)
+    c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, h0, h1, c0, c1, c2, c3)
+    return mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
+
+
+@cuda.jit(device=True)
+def _group_packed(xp, gi, col, a0, a1, a2, a3, c0, c1, c2, c3):
+    """_group with x split beforehand (pack_x): this lane's four words in one load."""
+    h0, h1, l0, l1 = load_u32x4(xp, gi, col)
+    c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, h0, h1, c0, c1, c2, c3)
+    return mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
+
+
+@cuda.jit(device=True)
+def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc):
+    """acc (16 accumulators: 4 groups x 4) advanced by tile kt of W, whose fragment is a;
+    groups past the last token are skipped (block-uniform)."""
+    a0, a1, a2, a3 = a
+    r0, r1, r2, r3 = rows
+    (c00, c01, c02, c03, c10, c11, c12, c13,
+     c20, c21, c22, c23, c30, c31, c32, c33) = acc  # fmt: skip
+    if prepacked:  # group g0 is the block's first; columns in tile-fragment order
+        gi, col = g0, kt * TILE_WORDS + 4 * lane
+        c00, c01, c02, c03 = _group_packed(xp, gi, col, a0, a1, a2, a3, c00, c01, c02, c03)
+        if groups > 1:
+            c10, c11, c12, c13 = _group_packed(xp, gi + 1, col, a0, a1, a2, a3,
+                                               c10, c11, c12, c13)  # fmt: skip
+        if groups > 2:
+            c20, c21, c22, c23 = _group_packed(xp, gi + 2, col, a0, a1, a2, a3,
+                                               c20, c21, c22, c23)  # fmt: skip
+        if groups > 3:
+            c30, c31, c32, c33 = _group_packed(xp, gi + 3, col, a0, a1, a2, a3,
+                                               c30, c31, c32, c33)  # fmt: skip
+    else:
+        k = kt * 16 + 2 * (lane % 4)
+        c00, c01, c02, c03 = _group(x, r0, k, a0, a1, a2, a3, c00, c01, c02, c03)
+        if groups > 1:
+            c10, c11, c12, c13 = _group(x, r1, k, a0, a1, a2, a3, c10, c11, c12, c13)
+        if groups > 2:
+            c20, c21, c22, c23 = _group(x, r2, k, a0, a1, a2, a3, c20, c21, c22, c23)
+        if groups > 3:
+            c30, c31, c32, c33 = _group(x, r3, k, a0, a1, a2, a3, c30, c31, c32, c33)
+    return (c00, c01, c02, c03, c10, c11, c12, c13,
+            c20, c21, c22, c23, c30, c31, c32, c33)  # fmt: skip
+
+
+@cuda.jit(cache=True, **_REGISTERS)
+def _linear_mma_kernel(x, xp, prepacked, packed, bias, has_bias, out):
+    M, K = x.shape
+    lane = cuda.threadIdx.x % 32
+    warp = cuda.threadIdx.x // 32
+    tok0 = cuda.blockIdx.x * TOKENS
+    nt = cuda.blockIdx.y
+    g = lane // 4
+    g0 = tok0 // 8
+    groups = (imin(M - tok0, TOKENS) + 7) // 8
+    rows = (
+        imin(tok0 + g, M - 1),
+        imin(tok0 + 8 + g, M - 1),
+        imin(tok0 + 16 + g, M - 1),
+        imin(tok0 + 24 + g, M - 1),
+    )
+    z = np.float32(0.0)
+    acc = (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
+    last = K // 16 - 1  # x has no padding: padded tiles read its last tile (times zeros)
+    base = 4 * lane
+    for kt in range(warp, packed.shape[1] // TILE_WORDS, WARPS * UNROLL):  # UNROLL tiles a trip
+        f0 = load_u32x4(packed, nt, kt * TILE_WORDS + base)
+        f1 = load_u32x4(packed, nt, (kt + WARPS) * TILE_WORDS + base)
+        f2 = load_u32x4(packed, nt, (kt + 2 * WARPS) * TILE_WORDS + base)
+        f3 = load_u32x4(packed, nt, (kt + 3 * WARPS) * TILE_WORDS + base)
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc)
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + WARPS, last), lane, f1, acc)
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * WARPS, last), lane, f2, acc)
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * WARPS, last), lane, f3, acc)
+    partial = cuda.shared.array((WARPS, 16, 32), float32)
+    for i in range(16):
+        partial[warp, i, lane] = acc[i]
+    cuda.syncthreads()
+    for e in range(cuda.threadIdx.x, 16 * 32, cuda.blockDim.x):
+        i, src = e // 32, e % 32  # accumulator i of lane src: group i // 4, register i % 4
+        tok = tok0 + 8 * (i // 4) + 2 * (src % 4) + (i % 2)
+        if tok < M:
+            s = partial[0, i, src]
+            for w in range(1, WARPS):
+                s += partial[w, i, src]
+            row = 16 * nt + src // 4 + 8 * ((i % 4) // 2)
+            if has_bias:
+                s += bias[row]
+            out[tok, row] = s
+
+
+@cuda.jit(cache=True)
+def _pack_x_kernel(x, xp):
+    """xp[j, 128 kt + 4 L + (0..3)] = lane L's (hi b0, hi b1, lo b0, lo b1) for group j (tokens
+    8j ..; past M the last token again) and tile kt; one thread per lane and tile."""
+    i = cuda.grid(1)
+    M, K = x.shape
+    ktiles = K // 16
+    if i >= xp.shape[0] * ktiles * 32:
+        return
+    j, rem = i // (ktiles * 32), i % (ktiles * 32)
+    kt, lane = rem // 32, rem % 32
+    r = imin(8 * j + lane // 4, M - 1)
+    k = 16 * kt + 2 * (lane % 4)
+    h0, l0 = split_bf16x2(x[r, k], x[r, k + 1])
+    h1, l1 = split_bf16x2(x[r, k + 8], x[r, k + 9])
+    col = kt * TILE_WORDS + 4 * lane
+    xp[j, col] = np.uint32(h0)
+    xp[j, col + 1] = np.uint32(h1)
+    xp[j, col + 2] = np.uint32(l0)
+    xp[j, col + 3] = np.uint32(l1)
+
+
+def x_scratch_words(m: int, k: int) -> int:
+    """Size (uint32 words) of the scratch linear_mma needs for an x of shape [m, k]."""
+    return -(-m // 8) * 8 * k
+
+
+def pack_bf16(w, *, stream=0) -> PackedBF16:
+    """W (bf16 bits, uint16 [N, K], N and K multiples of 16) copied into fragment order, in a
+    new device array (allocates: call at upload, not inside a graph capture)."""
+    check("pack_bf16", "w", w, np.uint16, 2)
+    n, k = w.shape
+    if not packable(n, k):
+        raise ValueError(f"pack_bf16: N and K must be positive multiples of 16, got {w.shape}")
+    packed = cuda.device_array(packed_shape(n, k), np.uint32, stream=stream)
+    total = packed.shape[0] * packed.shape[1]
+    _pack_kernel[-(-total // PACK_THREADS), PACK_THREADS, stream](w, packed)
+    return PackedBF16(packed, n, k)
+
+
+def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, stream=0) -> None:
+    """out[M, N] = x[M, K] @ W.T (+ bias[N]) for W packed by pack_bf16. Device arrays; out
+    must not overlap x. With x_scratch (uint32, at least x_scratch_words(M, K)), steps of more
+    than PREPACK_ABOVE tokens split x once into it first instead of once per tile of W in
+    every block: same values, same bits, far fewer instructions."""
+    check("linear_mma", "x", x, np.float32, 2)
+    check("linear_mma", "out", out, np.float32, 2)
+    m, k = x.shape
+    n = out.shape[1]
+    if out.shape[0] != m or (n, k) != (w.n, w.k):
+        raise ValueError(f"linear_mma: x {x.shape} and out {out.shape} do not fit W [{w.n}, {w.k}]")
+    if not aligned(x, 8):
+        raise ValueError("linear_mma: x must start on an 8-byte boundary (64-bit loads)")
+    packed = w.data
+    check("linear_mma", "packed W", packed, np.uint32, 2, packed_shape(n, k))
+    if not aligned(packed, 16):
+        raise ValueError("linear_mma: packed W must start on a 16-byte boundary")
+    if bias is not None:
+        check("linear_mma", "bias", bias, np.float32, 1, (n,))
+    if m == 0:
+        return
+    has_bias = bias is not None
+    if not has_bias:
+        bias = placeholder(np.float32)
+    prepacked = x_scratch is not None and m > PREPACK_ABOVE
+    if prepacked:
+        check("linear_mma", "x_scratch", x_scratch, np.uint32, 1)
+        words = x_scratch_words(m, k)
+        if x_scratch.shape[0] < words or not aligned(x_scratch, 16):
+            raise ValueError(f"linear_mma: x_scratch needs {words} words, 16-byte aligned")
+        xp = x_scratch[:words].reshape(words // (8 * k), 8 * k)
+        threads = xp.shape[0] * (k // 16) * 32
+        _pack_x_kernel[-(-threads // PACK_THREADS), PACK_THREADS, stream](x, xp)
+    else:
+        xp = placeholder(np.uint32, 2)
+    grid = (-(-m // TOKENS), n // 16)
+    _linear_mma_kernel[grid, WARPS * 32, stream](x, xp, prepacked, packed, bias, has_bias, out)

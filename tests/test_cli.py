@@ -1,5 +1,6 @@
 """The command line: one-line errors with exit code 2, and the README's knob table."""
 
+import json
 import re
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from vtllm.cli.show_config import knob_table_markdown
+from vtllm.models.loader import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,6 +39,7 @@ def test_readme_knob_table_is_generated_from_config():
         (["generate", "--prompt", "x", "--max-tokens", "0"], "max_tokens"),
         (["config", "--max-num-seqs", "0"], "max-num-seqs"),
         (["generate", "--prompt", "x", "--max-model-len", "32", "--max-tokens", "40"], "context"),
+        (["synth", "--shape", "tiny", "--out", "/tmp/never-written", "--layers", "0"], "layers"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(args, needle):
@@ -58,3 +61,11 @@ def test_corrupt_and_foreign_files(tmp_path):
         done = _vtllm("generate", "--model", str(path), "--prompt", "x")
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert str(path) in done.stderr
+
+
+def test_synth_layers_override(tmp_path):
+    done = _vtllm("synth", "--shape", "tiny", "--out", str(tmp_path / "m"), "--layers", "1")
+    assert done.returncode == 0, done.stderr
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1
+    assert load_model(str(tmp_path / "m")).config.num_layers == 1  # and no tensors of layer 1

@@ -63,6 +63,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     syn.add_argument("--tie", action="store_true", help="tie the output head to the embedding")
     syn.add_argument("--max-position-embeddings", type=int, default=8192)
+    syn.add_argument(
+        "--layers", type=int, help="fewer layers than the shape has: quick per-layer profiles"
+    )
 
     cfg = sub.add_parser("config", help="print every knob, its value and where it came from")
     config.add_flags(cfg)

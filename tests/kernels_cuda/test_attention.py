@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
-from vtllm.kernels.cuda import paged_attention, write_kv
+from vtllm.kernels.cuda import attention_split, paged_attention, write_kv
 from vtllm.kernels.cuda.attention_split import make_scratch
 from vtllm.kernels.reference import paged_attention_ref, write_kv_ref
 
@@ -15,6 +15,7 @@ pytestmark = pytest.mark.cudasim
 CASES = [
     (4, 2, 16, 4, [(5, 5), (3, 9), (1, 40), (0, 0)]),  # prefill, chunk, decode past 1 tile, pad
     (2, 2, 40, 8, [(1, 1), (4, 11)]),  # D not a multiple of 32: 64 threads, idle columns
+    (2, 1, 8, 16, [(1, 130)]),  # decode over three key splits
 ]
 if not SIMULATOR:
     CASES += [
@@ -48,7 +49,7 @@ def build(rng, hk, d, bs, seqs, pad_rows=2):
 
 @pytest.mark.parametrize("path", ["whole-row", "split", "split-scratch"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"hq{c[0]}-hk{c[1]}-d{c[2]}-bs{c[3]}")
-def test_matches_reference(rng, case, path):
+def test_matches_reference(rng, case, path, monkeypatch):
     hq, hk, d, bs, seqs = case
     k_cache, v_cache, tables, seq_lens, qsl, slots = build(rng, hk, d, bs, seqs)
     t = slots.shape[0]
@@ -77,6 +78,9 @@ def test_matches_reference(rng, case, path):
     assert np.isnan(got[live:]).all(), "rows past every sequence must stay unwritten"
     if path == "split-scratch":  # one block per split or one per row: the same bits
         np.testing.assert_array_equal(got, run())
+        # a small decode grid: each block loops over several splits, still the same bits
+        monkeypatch.setattr(attention_split, "TARGET_BLOCKS", 1)
+        np.testing.assert_array_equal(got, run(scratch=scratch))
 
 
 def test_skips_inconsistent_sequences(rng):

@@ -11,6 +11,8 @@ def run_synth(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InvalidParameter(f"--out {out} exists and is not a directory", param="out")
+    if args.layers is not None and args.layers < 1:
+        raise InvalidParameter(f"--layers must be at least 1, got {args.layers}", param="layers")
     started = time.perf_counter()
     write_checkpoint(
         out,
@@ -20,6 +22,7 @@ def run_synth(args) -> int:
         peaked=args.peaked,
         tie=args.tie,
         max_position_embeddings=args.max_position_embeddings,
+        layers=args.layers,
     )
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     print(

@@ -41,8 +41,12 @@ SHAPES = {
 _HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-def hf_config(shape: str, *, max_position_embeddings: int = 4096, tie: bool = False) -> dict:
-    arch, hidden, layers, heads, kv_heads, head_dim, inter, vocab, extra = SHAPES[shape]
+def hf_config(
+    shape: str, *, max_position_embeddings: int = 4096, tie: bool = False, layers: int | None = None
+) -> dict:
+    """The shape's HF config; layers overrides its depth (a quick profile of a big shape)."""
+    arch, hidden, num_layers, heads, kv_heads, head_dim, inter, vocab, extra = SHAPES[shape]
+    layers = num_layers if layers is None else layers
     return {
         "architectures": [_HF_CLASS[arch]],
         "model_type": arch,
@@ -203,10 +207,13 @@ def write_checkpoint(
     peaked: bool = False,
     tie: bool = False,
     max_position_embeddings: int = 4096,
+    layers: int | None = None,
 ) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = hf_config(shape, max_position_embeddings=max_position_embeddings, tie=tie)
+    config = hf_config(
+        shape, max_position_embeddings=max_position_embeddings, tie=tie, layers=layers
+    )
     config["torch_dtype"] = "bfloat16" if bf16 else "float32"
     write_random_safetensors(out / "model.safetensors", config, seed=seed, peaked=peaked, bf16=bf16)
     (out / "config.json").write_text(json.dumps(config, indent=1))

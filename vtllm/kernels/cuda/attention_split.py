@@ -7,8 +7,9 @@ takes keys w, w + WARPS, ... with one coalesced load of the K row and one of the
 (lane l holds dims l, l + 32, ...), one warp reduction per query head for q . k, and an online
 softmax. A split's state (max m, sum l, acc) is the in-order fold of its warps' states, and
 the row's result the in-order fold of its splits' states, always through `_fold`:
-  - decode (`scratch` given, T <= its rows): one block per split, partial states to scratch,
-    then `_combine_kernel` folds them: the GPU is filled even at batch 1;
+  - decode (`scratch` given, T <= its rows): splits spread over blocks (about TARGET_BLOCKS
+    in all), partial states to scratch, then `_combine_kernel` folds them in split order: the
+    GPU is filled even at batch 1;
   - otherwise (prefill): one block walks all splits of its row and folds them as it goes.
 Both paths run the same code on the same keys in the same order, so a token's output does not
 depend on the path, the batch or the chunking (the depth-2 law needs that on the GPU too).
@@ -28,6 +29,7 @@ THREADS = 32 * WARPS
 MAX_GROUP = 8  # query heads per kv head
 MAX_DIM = 128  # head_dim (lane l holds dims l, l + 32, l + 64, l + 96)
 PER_LANE = MAX_DIM // 32
+TARGET_BLOCKS = 1024  # decode grid size to aim for (the H200 has 132 SMs)
 
 
 def splits_for(max_positions: int) -> int:
@@ -211,7 +213,10 @@ def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
         and scratch[0].shape[1:] == (Hq, scratch[0].shape[2], D)
     ):
         part_acc, part_ml = scratch[0][:T], scratch[1][:T]
-        grid = (T, Hk, part_acc.shape[2])
+        # enough blocks to fill the GPU, each looping over splits z, z + nz, ...: with one block
+        # per split of the longest context, a batch of short rows launches mostly empty blocks
+        nz = min(part_acc.shape[2], max(1, -(-TARGET_BLOCKS // (T * Hk))))
+        grid = (T, Hk, nz)
         _split_kernel[grid, THREADS, stream](q, k_cache, v_cache, block_tables, seq_lens,
                                              query_start_loc, np.float32(scale), out, part_acc,
                                              part_ml, True)  # fmt: skip

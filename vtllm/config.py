@@ -107,6 +107,14 @@ KNOBS = (
     ),
     Knob("max_queued_requests", "int", 256, "waiting requests before new ones get 429", 1, 1 << 20),
     Knob(
+        "max_queued_prompt_tokens",
+        "int",
+        131072,
+        "prompt tokens waiting before new requests get 429 (one request alone always queues)",
+        1,
+        1 << 30,
+    ),
+    Knob(
         "drain_timeout_s",
         "float",
         30.0,
@@ -123,6 +131,22 @@ KNOBS = (
         3600,
     ),
     Knob(
+        "server_write_stall_timeout_s",
+        "float",
+        30.0,
+        "a stream whose client reads nothing for this long is aborted, its KV blocks freed",
+        0.1,
+        3600,
+    ),
+    Knob(
+        "server_send_buffer_bytes",
+        "bytes",
+        0,
+        "kernel send buffer of each connection (0: the kernel's autotuning)",
+        0,
+        1 << 30,
+    ),
+    Knob(
         "engine_iteration_timeout_s",
         "float",
         60.0,
@@ -131,6 +155,14 @@ KNOBS = (
         86400,
     ),
     Knob("debug_faults", "bool", False, "serve POST /debug/fault to inject engine faults (tests)"),
+    Knob(
+        "debug_warmup_delay_s",
+        "float",
+        0.0,
+        "hold the start-up warm-up forward this long (tests of start-up ordering)",
+        0,
+        600,
+    ),
     Knob(
         "api_key", "str", None, "required as 'Authorization: Bearer KEY' on /v1 and tokenize routes"
     ),
@@ -167,10 +199,14 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     server_max_new_tokens: int = 4096
     server_sse_ping_s: float = 15.0
     max_queued_requests: int = 256
+    max_queued_prompt_tokens: int = 131072
     drain_timeout_s: float = 30.0
     server_body_timeout_s: float = 30.0
+    server_write_stall_timeout_s: float = 30.0
+    server_send_buffer_bytes: int = 0
     engine_iteration_timeout_s: float = 60.0
     debug_faults: bool = False
+    debug_warmup_delay_s: float = 0.0
     api_key: str | None = None
     cors_origins: str | None = None
     log_level: str = "info"

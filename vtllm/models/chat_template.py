@@ -53,3 +53,18 @@ def render_chat(
         raise
     except (JinjaError, SecurityError, TypeError, ValueError) as exc:
         raise TemplateError(f"chat template failed to render: {exc}", param="messages") from None
+    # The sandbox's range() cap raises OverflowError; a template that recurses (a macro calling
+    # itself) exhausts the stack; a template that multiplies its input can exhaust memory.
+    # Each is the template's failure on this input: the same typed 400, never a 500.
+    except OverflowError:
+        raise TemplateError(
+            "chat template failed to render: a range is too large", param="messages"
+        ) from None
+    except RecursionError:
+        raise TemplateError(
+            "chat template failed to render: it recursed too deeply", param="messages"
+        ) from None
+    except MemoryError:
+        raise TemplateError(
+            "chat template failed to render: out of memory", param="messages"
+        ) from None

@@ -45,6 +45,27 @@ def admit(state) -> None:
         )
 
 
+def admit_prompt_tokens(state, num_tokens: int) -> None:
+    """429 when the waiting queue already holds VT_MAX_QUEUED_PROMPT_TOKENS: a few huge
+    prompts are as much queued work as many short ones, and the count cap alone would let
+    256 context-length prompts wait. Checked once the prompt is tokenized (its length is not
+    known before); a request that finds the queue empty always queues, so one longer than
+    the cap can still be served. O(waiting), bounded by VT_MAX_QUEUED_REQUESTS."""
+    waiting = state.loop.scheduler.waiting
+    if not waiting:
+        return
+    queued = sum(r.num_prompt_tokens for r in waiting)
+    if queued + num_tokens > state.config.max_queued_prompt_tokens:
+        seconds = state.drain.retry_after(state.loop.num_finished, len(waiting))
+        raise HttpError(
+            429,
+            "too many prompt tokens are waiting; retry later",
+            type_="rate_limit_error",
+            code="queue_full",
+            headers={"Retry-After": str(seconds)},
+        )
+
+
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
 
 

@@ -34,6 +34,7 @@ class ServerState:
     started: int = field(default_factory=lambda: int(time.time()))
     drain: DrainRate = field(default_factory=DrainRate)
     faults: tuple | None = None  # (FaultyBackend, BlockHog) with VT_DEBUG_FAULTS
+    frame_fault: object | None = None  # sse.FrameFault with VT_DEBUG_FAULTS
 
 
 async def _internal_error(_request, _exc):

@@ -3,6 +3,7 @@
 {"kind": "raise", "steps": 1}      the next collected step raises (forward/sampler failure)
 {"kind": "hang"}                   collected steps block until released (watchdog food)
 {"kind": "exhaust", "leave_free": 8}  hold KV blocks so only that many stay free
+{"kind": "frame_raise", "steps": 3}  the 3rd SSE frame serialised from now raises
 {"kind": "release"}                undo hang and exhaust
 """
 
@@ -39,12 +40,16 @@ async def fault(request: Request) -> Response:
         backend.block_loop.set()
     elif req.kind == "exhaust":
         hog.leave_free(req.leave_free)
+    elif req.kind == "frame_raise":
+        state.frame_fault.countdown = req.steps
     elif req.kind == "release":
         backend.release()
         hog.release()
     else:
         return error_response(
-            400, "kind: raise | hang | block_loop | exhaust | release", "invalid_request_error"
+            400,
+            "kind: raise | hang | block_loop | exhaust | frame_raise | release",
+            "invalid_request_error",
         )
     free = state.loop.scheduler.pool.num_free_blocks
     return JSONResponse({"kind": req.kind, "held_blocks": len(hog.held), "free_blocks": free})

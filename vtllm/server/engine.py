@@ -13,9 +13,11 @@ the inbox's bound is admit()'s check of the waiting queue (429) before any token
 """
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 
 import anyio
@@ -29,13 +31,51 @@ from vtllm.engine.loop import StepLoop
 from vtllm.engine.watchdog import EXIT_ENGINE_DEAD, Watchdog
 from vtllm.server.app import ServerState, build_app
 from vtllm.server.metrics import MetricsObserver
+from vtllm.server.sse import FrameFault
 
 log = logging.getLogger("vtllm.server")
+
+
+class _HypercornConfig(HypercornConfig):
+    """Socket options on the listening socket, which accepted connections inherit (Linux):
+    a bounded kernel send buffer when asked for, and TCP_USER_TIMEOUT so that the kernel
+    resets a connection whose peer has acknowledged nothing for a while (a closed transport
+    with unsent data otherwise waits for a reader that never comes). The kernel's timeout is
+    a backstop, twice the write-stall timeout plus a second: its clock starts when the peer's
+    window closes, earlier than the stalled send that SSEResponse times (asyncio buffers
+    64 KiB first), and SSEResponse should see the stall first, to count it. A stream slower
+    than 64 KiB per write-stall timeout + 1 s reaches the backstop first: the reset then
+    reaches the app as a disconnect, and the request is aborted all the same."""
+
+    send_buffer_bytes = 0
+    user_timeout_s = 0.0
+
+    def create_sockets(self):
+        sockets = super().create_sockets()
+        for sock in sockets.insecure_sockets:
+            if self.send_buffer_bytes:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
+            if self.user_timeout_s and hasattr(socket, "TCP_USER_TIMEOUT"):
+                timeout_ms = int(self.user_timeout_s * 1000)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, timeout_ms)
+        return sockets
+
+
+def _quiet_timed_out_connections(loop, context) -> None:
+    """A connection the kernel reset for TCP_USER_TIMEOUT ends hypercorn's connection task
+    with ETIMEDOUT, which asyncio would report as an unhandled error with a traceback: it is
+    a client that stopped reading, worth one line."""
+    exc = context.get("exception")
+    if isinstance(exc, TimeoutError) and exc.errno == errno.ETIMEDOUT:  # not asyncio's timeouts
+        log.info("a connection timed out: its client stopped reading")
+        return
+    loop.default_exception_handler(context)
 
 
 def build_state(config: EngineConfig) -> ServerState:
     loaded, scheduler, backend, max_model_len = build_parts(config)
     model_name = config.served_model_name or loaded.name
+    _ = loaded.tokenizer.max_token_bytes  # computed once now (tens of ms), not on a request
     faults = None
     if config.debug_faults:
         log.warning("fault injection is on (VT_DEBUG_FAULTS): POST /debug/fault")
@@ -57,13 +97,16 @@ def build_state(config: EngineConfig) -> ServerState:
         max_model_len=max_model_len,
         config=config,
         faults=faults,
+        frame_fault=FrameFault() if faults is not None else None,
     )
 
 
 async def serve(state: ServerState, *, ready=None) -> None:
     """Runs until SIGINT/SIGTERM. `ready(port)` is called once the socket listens."""
     config = state.config
-    hconfig = HypercornConfig()
+    hconfig = _HypercornConfig()
+    hconfig.send_buffer_bytes = config.server_send_buffer_bytes
+    hconfig.user_timeout_s = 2 * config.server_write_stall_timeout_s + 1.0
     hconfig.bind = [f"{config.host}:{config.port}"]
     hconfig.accesslog = None
     hconfig.h11_max_incomplete_size = 64 * 1024  # request line + headers; beyond: 431
@@ -75,6 +118,7 @@ async def serve(state: ServerState, *, ready=None) -> None:
     # VT_SERVER_BODY_TIMEOUT_S deadline.
     hconfig.read_timeout = None
     hconfig.graceful_timeout = 5.0  # after our own drain (drain_then_stop)
+    asyncio.get_running_loop().set_exception_handler(_quiet_timed_out_connections)
     stop = anyio.Event()
     app = build_app(state)
     loop = state.loop

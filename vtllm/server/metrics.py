@@ -132,6 +132,12 @@ class MetricsObserver:
             [*labels, "phase"],
             registry=registry,
         )
+        self.write_stalls = Counter(
+            "vt:request_write_stall",
+            "streams aborted because their client read nothing for the write-stall timeout",
+            labels,
+            registry=registry,
+        ).labels(**self.labels)
         self.disconnect_to_abort = Histogram(
             "vt:request_disconnect_to_abort_seconds",
             "from the server seeing a client disconnect to the engine freeing the request",
@@ -139,6 +145,9 @@ class MetricsObserver:
             buckets=_DISCONNECT_BUCKETS,
             registry=registry,
         ).labels(**self.labels)
+
+    def on_write_stall(self) -> None:
+        self.write_stalls.inc()
 
     def on_added(self, tracked) -> None:
         self.accepted.inc()

@@ -7,16 +7,15 @@ import logging
 from functools import partial
 
 import anyio
-import anyio.to_thread
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from vtllm import __version__
 from vtllm.errors import InvalidParameter, VtllmError
 from vtllm.models.chat_template import render_chat
 from vtllm.scheduler.output import ERROR
-from vtllm.server import responses
-from vtllm.server.admission import DISCONNECTED_AT, admit
+from vtllm.server import preprocess, responses
+from vtllm.server.admission import DISCONNECTED_AT, admit, admit_prompt_tokens
 from vtllm.server.generation import submit
 from vtllm.server.http_errors import HttpError, error_response, from_exception
 from vtllm.server.protocol import (
@@ -26,16 +25,16 @@ from vtllm.server.protocol import (
     encoder,
     tokenize_decoder,
 )
-from vtllm.server.sse import DONE, PING, frame
+from vtllm.server.sse import DONE, PING, SSEResponse, frame
 from vtllm.server.validate import (
     chat_messages,
     check_fan_out,
+    check_fits,
     completion_prompts,
     sampling_params,
 )
 
 log = logging.getLogger("vtllm.server")
-_LONG_TEXT = 20_000  # characters above which tokenizing moves off the event loop
 
 
 async def read_json(request: Request, decoder, limit: int):
@@ -86,34 +85,17 @@ def _check_model(state, model: str | None) -> None:
 
 
 def _render(tok, messages, add_generation_prompt: bool, max_chars: int) -> str:
-    try:
-        text = render_chat(
-            tok.chat_template,
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=tok.special_token(tok.bos_token_id),
-            eos_token=tok.special_token(tok.eos_token_ids[0] if tok.eos_token_ids else None),
-        )
-    except (OverflowError, RecursionError, MemoryError):  # the sandbox's range cap, deep loops
-        raise InvalidParameter("chat template failed to render", param="messages") from None
+    text = render_chat(  # its failures, overflow and recursion included, are a typed 400
+        tok.chat_template,
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        bos_token=tok.special_token(tok.bos_token_id),
+        eos_token=tok.special_token(tok.eos_token_ids[0] if tok.eos_token_ids else None),
+    )
     # A template may multiply its input; what comes out is bounded like what goes in.
     if len(text) > 2 * max_chars + 65536:
         raise InvalidParameter("the rendered chat is too long", param="messages")
     return text
-
-
-def _text_size(prompt) -> int:
-    if isinstance(prompt, str):
-        return len(prompt)
-    if isinstance(prompt, list):
-        return sum(len(p) for p in prompt if isinstance(p, str))
-    return 0
-
-
-async def _encode(state, text: str) -> list[int]:
-    if len(text) > _LONG_TEXT:
-        return await anyio.to_thread.run_sync(state.tokenizer.encode, text)
-    return state.tokenizer.encode(text)
 
 
 async def completions(request: Request) -> Response:
@@ -126,12 +108,17 @@ async def completions(request: Request) -> Response:
         params = sampling_params(req, chat=False, max_new_tokens=cfg.server_max_new_tokens)
         params.check_vocab(state.vocab_size)
         prompts_of = partial(
-            completion_prompts, req, state.tokenizer, state.vocab_size, cfg.server_max_prompt_chars
+            completion_prompts,
+            req,
+            state.tokenizer,
+            state.vocab_size,
+            cfg.server_max_prompt_chars,
+            state.max_model_len,
         )
         # Up to a body's worth of text (MiBs) to tokenize: off the event loop when long.
-        long = _text_size(req.prompt) > _LONG_TEXT
-        prompts = await anyio.to_thread.run_sync(prompts_of) if long else prompts_of()
+        prompts = await preprocess.run(prompts_of, preprocess.completion_work(req.prompt))
         check_fan_out(len(prompts), params.n)
+        admit_prompt_tokens(state, sum(len(p) for p in prompts) * params.n)
         sub = submit(state.loop, prompts, params, "cmpl")
     except (VtllmError, ValueError) as exc:
         return from_exception(exc)
@@ -148,14 +135,18 @@ async def chat_completions(request: Request) -> Response:
         req = await read_json(request, chat_decoder, state.config.max_body_bytes)
         _check_model(state, req.model)
         cfg = state.config
-        messages = chat_messages(req, cfg.server_max_prompt_chars)
-        tok = state.tokenizer
-        text = await anyio.to_thread.run_sync(
-            lambda: _render(tok, messages, req.add_generation_prompt, cfg.server_max_prompt_chars)
-        )
-        prompt = await _encode(state, text)
+        tok, max_chars = state.tokenizer, cfg.server_max_prompt_chars
+
+        def prepare() -> list[int]:  # one thread hop: checks, template, tokenizer
+            messages = chat_messages(req, max_chars)
+            text = _render(tok, messages, req.add_generation_prompt, max_chars)
+            check_fits(tok, text, state.max_model_len)
+            return tok.encode(text)
+
+        prompt = await preprocess.run(prepare)
         params = sampling_params(req, chat=True, max_new_tokens=cfg.server_max_new_tokens)
         params.check_vocab(state.vocab_size)
+        admit_prompt_tokens(state, len(prompt) * params.n)
         sub = submit(state.loop, [prompt], params, "chatcmpl")
     except (VtllmError, ValueError) as exc:
         return from_exception(exc)
@@ -170,14 +161,17 @@ def _error_frame(message: str) -> bytes:
     return frame({"error": body})
 
 
-def _stream(state, sub, shaper, scope) -> StreamingResponse:
-    """SSE: starlette cancels this generator when the client goes away; `finally` then aborts
-    the request in the engine, which frees its blocks."""
+def _stream(state, sub, shaper, scope) -> SSEResponse:
+    """SSE: starlette cancels this generator when the client goes away, and SSEResponse
+    closes it when the client stops reading; `finally` then aborts the request in the engine,
+    which frees its blocks."""
+
+    encode = frame if state.frame_fault is None else state.frame_fault.frame
 
     async def events():
         try:
             for chunk in shaper.opening():
-                yield frame(chunk)
+                yield encode(chunk)
             async for choice, update in sub.updates(state.config.server_sse_ping_s):
                 if choice is None:
                     yield PING
@@ -187,10 +181,10 @@ def _stream(state, sub, shaper, scope) -> StreamingResponse:
                     continue
                 chunk = shaper.chunk(choice, update)
                 if chunk is not None:
-                    yield frame(chunk)
+                    yield encode(chunk)
             usage = shaper.usage_chunk()
             if usage is not None:
-                yield frame(usage)
+                yield encode(usage)
         except Exception:  # after headers: one well-formed error frame, then [DONE]
             log.exception("stream %s failed", sub.id)
             yield _error_frame("internal error while streaming")
@@ -198,8 +192,11 @@ def _stream(state, sub, shaper, scope) -> StreamingResponse:
             sub.abort_unfinished(state.loop, scope.get(DISCONNECTED_AT, 0.0))
         yield DONE
 
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    observer = state.loop.observer
+    on_stall = None if observer is None else observer.on_write_stall
+    return SSEResponse(
+        events(), stall_timeout_s=state.config.server_write_stall_timeout_s, on_stall=on_stall
+    )
 
 
 async def _gather(state, sub, shaper, request: Request) -> Response:

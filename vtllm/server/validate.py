@@ -6,6 +6,7 @@ from vtllm.server.protocol import ChatCompletionRequest, CompletionRequest
 
 MAX_PROMPTS = 64  # prompts in one /v1/completions list
 MAX_N = 16
+MAX_MESSAGES = 2048  # bounds the chat template's loop, whatever the characters
 MAX_CHOICES = 64  # prompts x n: one HTTP request never fans out into more engine requests
 MAX_STOP = 4  # stop strings, as the OpenAI API documents
 MAX_STOP_CHARS = 256  # text within this many characters of the end is held back while streaming
@@ -18,14 +19,18 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def completion_prompts(req: CompletionRequest, tokenizer, vocab: int, max_chars: int):
-    """Every prompt of a completion request as token ids (tokenizing text)."""
+def completion_prompts(
+    req: CompletionRequest, tokenizer, vocab: int, max_chars: int, max_len: int = 1 << 62
+):
+    """Every prompt of a completion request as token ids (tokenizing text). A token-id prompt
+    longer than `max_len` (the context) is refused before its ids are looked at one by one:
+    a 4 MiB body holds two million of them."""
     prompt = req.prompt
     if prompt is None or prompt.__class__.__name__ == "UnsetType":
         raise InvalidParameter("prompt is required", param="prompt")
     if isinstance(prompt, str):
         prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    elif isinstance(prompt, list) and prompt and _is_int(prompt[0]):
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt:
         prompts = prompt
@@ -33,15 +38,33 @@ def completion_prompts(req: CompletionRequest, tokenizer, vocab: int, max_chars:
         raise InvalidParameter("prompt must be a non-empty string or list", param="prompt")
     if len(prompts) > MAX_PROMPTS:
         raise InvalidParameter(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
-    out = []
+    out, total = [], 0
     for p in prompts:
         if isinstance(p, str):
             if not p:
                 raise InvalidParameter("prompt must not be empty", param="prompt")
-            if len(p) > max_chars:
+            total += len(p)  # per request, not per prompt: 64 prompts are one request's work
+            if total > max_chars:
                 raise InvalidParameter(f"prompt longer than {max_chars} characters", param="prompt")
+            check_fits(tokenizer, p, max_len)
             out.append(tokenizer.encode(p))
-        elif isinstance(p, list) and p and all(_is_int(t) for t in p):
+            if len(out[-1]) > max_len:  # refused now, not after tokenizing the other prompts
+                raise ContextLengthExceeded(
+                    f"This model's maximum context length is {max_len} tokens. However, a "
+                    f"prompt holds {len(out[-1])} tokens. Please reduce the prompt.",
+                    param="prompt",
+                )
+        elif isinstance(p, list) and p and _is_int(p[0]):
+            if len(p) > max_len:
+                raise ContextLengthExceeded(
+                    f"This model's maximum context length is {max_len} tokens. However, a "
+                    f"prompt holds {len(p)} tokens. Please reduce the prompt.",
+                    param="prompt",
+                )
+            if not all(_is_int(t) for t in p):
+                raise InvalidParameter(
+                    "each prompt is a string or a list of token ids", param="prompt"
+                )
             if any(t < 0 or t >= vocab for t in p):
                 raise InvalidParameter(f"token ids must be in [0, {vocab})", param="prompt")
             out.append(list(p))
@@ -50,10 +73,23 @@ def completion_prompts(req: CompletionRequest, tokenizer, vocab: int, max_chars:
     return out
 
 
+def check_fits(tokenizer, text: str, max_len: int) -> None:
+    """Refuse, before tokenizing, a text that holds more tokens than the context for sure."""
+    at_least = tokenizer.min_tokens(text)
+    if at_least > max_len:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {max_len} tokens. However, the prompt "
+            f"holds at least {at_least} tokens. Please reduce the prompt.",
+            param="prompt",
+        )
+
+
 def chat_messages(req: ChatCompletionRequest, max_chars: int) -> list[dict]:
     messages = req.messages
     if not isinstance(messages, list) or not messages:
         raise InvalidParameter("messages must be a non-empty list", param="messages")
+    if len(messages) > MAX_MESSAGES:
+        raise InvalidParameter(f"at most {MAX_MESSAGES} messages", param="messages")
     clean, total = [], 0
     for i, message in enumerate(messages):
         if not isinstance(message, dict):

@@ -10,7 +10,8 @@
 # Environment: THREADS (2), CONCURRENCY ("1 4 16"), OUT (/tmp/compare_servers),
 # LLAMA_SERVER (.peers-build/build/bin/llama-server), VT_ENV (extra VT_* settings for vtllm,
 # e.g. "VT_CPU_NUMERICS=fast"; the run's name gets it as a suffix via VT_TAG).
-# Afterwards: python loadtest/peers/compare_table.py $OUT prints the table with ratios.
+# Afterwards: python loadtest/peers/compare_table.py $OUT prints the table with ratios, and
+# each server's peak RSS (VmHWM, saved as $OUT/<run>_c<C>.rss) where those files exist.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -60,6 +61,11 @@ bench() {  # name url concurrency [bench_serve flags]
 
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
+# Peak RSS (VmHWM, kB) of a server over its whole life, read just before it is stopped.
+peak_rss() {  # pid name concurrency
+  awk '/^VmHWM:/ {print $2}' "/proc/$1/status" > "$OUT/${2}_c$3.rss" 2>/dev/null || true
+}
+
 {
   echo "date: $(date -u +%FT%TZ)"; echo "host: $(uname -srm), $(nproc) cpus"
   grep -m1 "model name" /proc/cpuinfo; echo "model: $MODEL"; echo "threads: $THREADS"
@@ -74,6 +80,7 @@ for c in $CONCURRENCY; do
   pid=$!
   if wait_ready "http://127.0.0.1:$PORT_VT" $pid; then bench "$VT_TAG" "http://127.0.0.1:$PORT_VT" "$c"
   else echo "vtllm did not start (see $OUT/${VT_TAG}_c$c.log)" >&2; fi
+  peak_rss $pid "$VT_TAG" "$c"
   stop $pid
 
   [ -n "${SKIP_PEER:-}" ] && continue
@@ -86,5 +93,6 @@ for c in $CONCURRENCY; do
   if wait_ready "http://127.0.0.1:$PORT_LL" $pid; then
     bench llamacpp "http://127.0.0.1:$PORT_LL" "$c" --usage-with-finish
   else echo "llama-server did not start (see $OUT/llamacpp_c$c.log)" >&2; fi
+  peak_rss $pid llamacpp "$c"
   stop $pid
 done

@@ -7,7 +7,9 @@ Reads OUT/<run>_c<C>.json for every run name and concurrency found, and prints o
 row per (concurrency, run): requests ok/failed, TTFT p50/p99, TPOT p50, output tok/s, and the
 ratios of each to the peer run (the last of --runs, llamacpp by default): output tok/s as run/peer
 (above 1: the run is faster), latencies as run/peer (below 1: the run is faster). A run with a
-failed request is marked, since its numbers cover only the requests that passed.
+failed request is marked, since its numbers cover only the requests that passed. Where
+OUT/<run>_c<C>.rss files exist (a server's VmHWM in kB), a second table gives peak RSS per
+(concurrency, run) and its ratio to the peer's.
 """
 
 import argparse
@@ -69,6 +71,33 @@ def rows(table: dict[int, dict[str, dict]], runs: list[str]) -> list[str]:
     return out
 
 
+def load_rss(out: str, runs: list[str]) -> dict[int, dict[str, float]]:
+    """{concurrency: {run: peak RSS in MiB}} from the .rss files present."""
+    table: dict[int, dict[str, float]] = {}
+    pattern = re.compile(r"^(?P<run>.+)_c(?P<c>\d+)\.rss$")
+    for name in sorted(os.listdir(out)):
+        m = pattern.match(name)
+        if not m or m["run"] not in runs:
+            continue
+        with open(os.path.join(out, name)) as f:
+            text = f.read().strip()
+        if text.isdigit():
+            table.setdefault(int(m["c"]), {})[m["run"]] = int(text) / 1024
+    return table
+
+
+def rss_rows(table: dict[int, dict[str, float]], runs: list[str]) -> list[str]:
+    peer = runs[-1]
+    out = [f"| C | server | peak RSS (MiB) | vs {peer} |", "|---|---|---|---|"]
+    for c in sorted(table):
+        ref = table[c].get(peer)
+        for run in runs:
+            if run in table[c]:
+                vs = _ratio(table[c][run], ref) if run != peer and ref else ""
+                out.append(f"| {c} | {run} | {table[c][run]:.0f} | {vs} |")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="compare_table", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="compare_servers.sh's OUT directory")
@@ -82,6 +111,9 @@ def main(argv=None) -> int:
         print(f"compare_table: error: no <run>_c<C>.json files in {args.out}", file=sys.stderr)
         return 2
     print("\n".join(rows(table, args.runs)))
+    rss = load_rss(args.out, args.runs)
+    if rss:
+        print("\n" + "\n".join(rss_rows(rss, args.runs)))
     return 0
 
 

@@ -138,9 +138,10 @@ def test_batch_invariance(rng, threads, qtype):
         out = np.empty_like(full)
         _gemm_kernel(x, w.view(np.uint8), int(qtype), bias, out, tile_rows)
         assert np.array_equal(out, full)
-    out = np.empty_like(full)  # the GEMV on the whole batch too
-    _gemv_kernel(x, w.view(np.uint8), int(qtype), bias, out)
-    assert np.array_equal(out, full)
+    for runs in (1, 2, 3, 7):  # the GEMV on the whole batch too, split into any number of runs
+        out = np.empty_like(full)
+        _gemv_kernel(x, w.view(np.uint8), int(qtype), bias, out, runs)
+        assert np.array_equal(out, full), runs
 
 
 @njit
@@ -174,6 +175,7 @@ def test_llvm_emits_vpdpbusd():
     fresh = njit(_gemv_kernel.signatures[0], nogil=True)(_gemv_kernel.py_func)
     asm = fresh.inspect_asm(fresh.signatures[0])
     assert "vpdpbusd" in asm and "vcvtdq2ps" in asm and "zmm" in asm
+    assert "prefetcht0" in asm  # the weight stream's software prefetch
 
 
 def test_fast_table_routes_by_qtype(rng):

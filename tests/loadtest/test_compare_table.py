@@ -49,6 +49,21 @@ def test_rows_and_ratios_against_the_peer(tmp_path):
     )
 
 
+def test_peak_rss_table_when_rss_files_exist(tmp_path):
+    for name in ("vtllm_c1", "llamacpp_c1"):
+        (tmp_path / f"{name}.json").write_text(json.dumps(summary(1, 1, 1.0, 1.0)))
+    (tmp_path / "vtllm_c1.rss").write_text("307200\n")  # kB, as VmHWM reads
+    (tmp_path / "llamacpp_c1.rss").write_text("204800\n")
+    (tmp_path / "other_c1.rss").write_text("1\n")  # not among --runs: ignored
+    lines = run(tmp_path).stdout.splitlines()
+    assert lines[-4:] == [
+        "| C | server | peak RSS (MiB) | vs llamacpp |",
+        "|---|---|---|---|",
+        "| 1 | vtllm | 300 | 1.50 |",
+        "| 1 | llamacpp | 200 |  |",
+    ]
+
+
 def test_missing_inputs_exit_2(tmp_path):
     r = run(tmp_path / "nope")
     assert r.returncode == 2 and r.stderr.startswith("compare_table: error: no directory")

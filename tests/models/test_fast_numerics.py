@@ -95,6 +95,43 @@ def test_fast_greedy_batch_invariant(default_model, goldens):
     llm.backend.close()
 
 
+def test_fused_layers_are_the_generic_loop_to_the_bit(default_model, goldens):
+    """decoder_layer (one call per layer) computes what the op-by-op loop computes, bit for
+    bit, in prefill chunks (GEMM), single-token steps (GEMV) and the KV cache they leave."""
+    ids = goldens["prompts"][0]["prompt_ids"] + goldens["prompts"][0]["output_ids"][:20]
+    chunks = [len(ids) - 24, 1, 1, 3, 4, 15]
+    runs = []
+    for fused in (True, False):
+        kv = allocate_kv_cache(default_model.config, 64, 16)
+        runner = ModelRunner(default_model, fast, kv, max_num_seqs=4, max_model_len=256)
+        assert runner.model.fused is not None  # every layer of the default model fuses
+        if not fused:
+            runner.model.fused = None
+        runs.append((teacher_forced_logits(runner, ids, chunks), kv))
+    (a, kv_a), (b, kv_b) = runs
+    assert np.array_equal(a, b)
+    assert np.array_equal(kv_a.k, kv_b.k) and np.array_equal(kv_a.v, kv_b.v)
+
+
+def test_decoder_layer_refuses_mismatched_weights(default_model):
+    """A layer's matrices that do not fit the buffers raise instead of reading out of bounds."""
+    cfg, layer = default_model.config, default_model.weights.layers[0]
+    fw = list(ModelRunner(default_model, fast, allocate_kv_cache(cfg, 4, 16), max_num_seqs=1,
+                          max_model_len=64).model.fused[0])  # fmt: skip
+    fw[4] = np.ascontiguousarray(layer.o.data[:-4])  # o projection 4 rows short
+    kv = allocate_kv_cache(cfg, 4, 16)
+    t, d = 1, cfg.head_dim
+    shapes = [(t, cfg.hidden_size)] * 3 + [(t, cfg.q_size + 2 * cfg.kv_size)]
+    shapes += [(t, cfg.num_heads, d), (t, cfg.num_kv_heads, d), (t, cfg.num_kv_heads, d)]
+    shapes += [(t, cfg.num_heads, d), (t, 2 * cfg.intermediate_size), (t, cfg.intermediate_size)]
+    bufs = tuple(np.zeros(shape, np.float32) for shape in shapes)
+    i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
+    with pytest.raises(ValueError, match="do not match"):
+        fast.decoder_layer(True, bufs, tuple(fw), 1e-5, kv.k[0], kv.v[0], i32(0),
+                           np.zeros((64, d), np.float32), i32(0), i32([0]), i32(1), i32(0, 1),
+                           0.125)  # fmt: skip
+
+
 def test_numerics_knob_checked():
     with pytest.raises(InvalidParameter):
         LLM(numerics="int4")

@@ -1,6 +1,7 @@
 """KV cache sizing and allocation: a byte budget, or a fraction of the memory that is free."""
 
 import logging
+import mmap
 import os
 
 import numpy as np
@@ -42,9 +43,21 @@ def num_kv_blocks(
     return int(blocks)
 
 
+def _lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """float32 zeros whose memory is committed page by page as it is first written, in 4 KiB
+    pages. np.zeros asks for transparent huge pages on large arrays, and then the first token
+    written into each layer's K and V commits 2 MiB apiece: 120 MiB of RSS for one short
+    request on the default model (30 layers), against the ~50 KiB per token it uses."""
+    count = int(np.prod(shape))
+    buf = mmap.mmap(-1, max(count, 1) * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # also where THP is "always" rather than "madvise"
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, np.float32, count).reshape(shape)  # the array keeps buf alive
+
+
 def allocate_kv_cache(config: ModelConfig, num_blocks: int, block_size: int) -> KVCache:
     shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    kv = KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+    kv = KVCache(_lazy_zeros(shape), _lazy_zeros(shape))
     log.info(
         "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB",
         num_blocks,

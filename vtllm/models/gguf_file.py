@@ -4,6 +4,7 @@ The gguf package's reader builds a numpy view per metadata element and takes sec
 49k-token vocabulary; this one parses the header with struct and maps the data once.
 """
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,9 @@ class TensorInfo:
 class GGUFFile:
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.raw = np.memmap(self.path, dtype=np.uint8, mode="r")
+        with self.path.open("rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.raw = np.frombuffer(self._map, np.uint8)  # read-only, like the map
         self._buf = memoryview(self.raw)
         self._pos = 0
         if bytes(self._buf[:4]) != b"GGUF":
@@ -77,6 +80,14 @@ class GGUFFile:
             TensorInfo(name, shape, kind, self._tensor_bytes(start + off, shape, kind, name))
             for name, shape, kind, off in infos
         ]
+
+    def release_pages(self) -> None:
+        """Drops the file's pages from this process's resident set (they stay in the page
+        cache; a later read of a tensor maps its pages back in). Once the loader has copied
+        what it fuses (q/k/v, gate/up), the originals' pages would otherwise be counted in
+        RSS for the life of the server: ~45 MiB for the default model."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     def _unpack(self, fmt: str):
         values = struct.unpack_from(fmt, self._buf, self._pos)

@@ -53,6 +53,25 @@ def rope_table(config: ModelConfig, weights: ModelWeights, max_positions: int, o
     return np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1).astype(np.float32)
 
 
+def fused_layers(weights: ModelWeights, ops) -> list[tuple] | None:
+    """Per layer, the weights as `ops.decoder_layer` takes them, when the table has that op
+    and every layer fits it (one fused qkv and gate_up matrix, no q/k norm); else None."""
+    if not hasattr(ops, "decoder_layer"):
+        return None
+    out = []
+    for layer in weights.layers:
+        if len(layer.qkv) != 1 or len(layer.gate_up) != 1 or layer.q_norm is not None:
+            return None
+        qkv, gu, o, down = layer.qkv[0], layer.gate_up[0], layer.o, layer.down
+        fw = ops.layer_weights(layer.attn_norm, qkv.data, qkv.qtype, layer.qkv_bias, o.data,
+                               o.qtype, layer.ffn_norm, gu.data, gu.qtype, down.data,
+                               down.qtype)  # fmt: skip
+        if fw is None:
+            return None
+        out.append(fw)
+    return out
+
+
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: ModelWeights, ops, max_positions: int):
         self.config = config
@@ -60,6 +79,7 @@ class LlamaModel:
         self.ops = ops
         self.cos_sin = rope_table(config, weights, max_positions, ops)
         self.scale = float(config.head_dim) ** -0.5
+        self.fused = fused_layers(weights, ops)
 
     def _project(self, x: np.ndarray, weights: list[Weight], out: np.ndarray, bias) -> None:
         """x @ W.T for a fused matrix, or for its parts written side by side."""
@@ -92,7 +112,16 @@ class LlamaModel:
         gate_up = empty((num_tokens, 2 * cfg.intermediate_size), np.float32)
         act = empty((num_tokens, cfg.intermediate_size), np.float32)
 
-        for i, layer in enumerate(w.layers):
+        if self.fused is not None:  # the same layers, one kernel call each
+            q = empty((num_tokens, cfg.num_heads, dim), np.float32)
+            k = empty((num_tokens, cfg.num_kv_heads, dim), np.float32)
+            v = empty((num_tokens, cfg.num_kv_heads, dim), np.float32)
+            bufs = (residual, h, x, qkv, q, k, v, attn, gate_up, act)
+            for i, fw in enumerate(self.fused):
+                ops.decoder_layer(i == 0, bufs, fw, eps, kv.k[i], kv.v[i], batch.positions,
+                                  self.cos_sin, batch.slot_mapping, batch.block_tables,
+                                  batch.seq_lens, batch.query_start_loc, self.scale)  # fmt: skip
+        for i, layer in enumerate(w.layers if self.fused is None else ()):
             if i == 0:
                 ops.rms_norm(residual, layer.attn_norm, eps, x)
             else:  # residual += h (last MLP output), x = norm(residual)

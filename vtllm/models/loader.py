@@ -40,6 +40,7 @@ def load_model(model: str | Path | None = None) -> LoadedModel:
         config, fam = gguf_loader.read_config(reader, path)
         weights = gguf_loader.load_weights(reader, config, fam, path)
         tok = tokenizer.from_gguf(reader, path, gguf_loader.field)
+        reader.release_pages()
     else:
         raise ModelLoadError(f"model not found: {path}")
     if not config.eos_token_ids and tok.eos_token_ids:

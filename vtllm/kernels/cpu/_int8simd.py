@@ -245,6 +245,23 @@ dpbusd = dpbusd_vnni if HAS_VNNI else dpbusd_generic
 
 
 @intrinsic
+def prefetch(typingctx, arr, off):
+    """Hint the cache line holding byte `off` of a uint8 array into every cache level
+    (`llvm.prefetch`, read, high locality): a no-op for the results, never faults."""
+    if not _check_array(arr, (types.uint8,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], _offset(context, builder, sig, args, 1))
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(arr, off), codegen
+
+
+@intrinsic
 def itof(typingctx, v):
     """int32 lanes -> float32 lanes (exact below 2**24, which every block sum is)."""
     if v != I16:

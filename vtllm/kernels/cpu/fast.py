@@ -1,6 +1,7 @@
 """The CPU kernel table for `fast` numerics: vtllm.kernels.cpu with int8 activations in every
 linear over Q4_0 / Q4_1 / Q8_0 weights. Float weights (F32 / F16 / BF16), attention, norms and
-sampling run the exact float32 kernels."""
+sampling run the exact float32 kernels. `decoder_layer` runs a whole layer in one call when its
+matrices are all of those types (models.llama uses it when present)."""
 
 from vtllm.kernels.cpu import (
     LogprobsOut,
@@ -17,6 +18,7 @@ from vtllm.kernels.cpu import (
     write_kv,
 )
 from vtllm.kernels.cpu import linear as linear_exact
+from vtllm.kernels.cpu.layer_int8 import decoder_layer, layer_weights
 from vtllm.kernels.cpu.linear_int8 import QUANTIZED, linear_int8
 
 NUMERICS = "fast"
@@ -33,8 +35,10 @@ def linear(x, w, qtype, out, *, bias=None) -> None:
 __all__ = [
     "LogprobsOut",
     "SamplingTable",
+    "decoder_layer",
     "embedding",
     "empty",
+    "layer_weights",
     "linear",
     "paged_attention",
     "prompt_logprobs",

@@ -9,7 +9,6 @@
       a2 A[g, 2t+8 ..], a3 A[g+8, 2t+8 ..]; b0 B[2t .. 2t+1, g], b1 B[2t+8 .., g]; c0/c1
       C[g, 2t], C[g, 2t+1], c2/c3 the same at row g+8. Each 32-bit register packs two bf16,
       the lower index in the low half. Every lane of the warp must call it together.
-  float_bits(x): the bits of a float32 as an int32.
   split_bf16x2(u, v): (hi, lo), two uint32 of bf16 pairs, u in the low halves: hi rounds u and
       v to bf16 (nearest even), lo rounds the remainders u - hi, v - hi, so u ~ hi + lo to
       about 2^-17 relative (`cvt.rn.bf16x2.f32` twice, two subtractions).
@@ -23,7 +22,6 @@ times: keep calls in block-uniform control flow).
 """
 
 import numpy as np
-from numba import cuda
 
 from vtllm.kernels.cuda._device import SIMULATOR
 
@@ -46,9 +44,6 @@ if SIMULATOR:
         lu = _round_bf16(np.float32(u) - np.uint32(hu << 16).view(np.float32))
         lv = _round_bf16(np.float32(v) - np.uint32(hv << 16).view(np.float32))
         return hu | (hv << 16), lu | (lv << 16)
-
-    def float_bits(x):
-        return int(np.float32(x).view(np.int32))
 
     def _bf16(bits) -> float:
         return float(np.uint32((int(bits) & 0xFFFF) << 16).view(np.float32))
@@ -86,27 +81,44 @@ else:
 
     _I32, _F32 = ir.IntType(32), ir.FloatType()
 
+    def _item_pointer(context, builder, sig, args):
+        """Address of a[row, col] for an intrinsic called as f(a, row, col)."""
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        idx = _cast_all(context, builder, args[1:], sig.args[1:], types.intp)
+        return cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
+
+    def _cast_all(context, builder, values, from_types, to):
+        return [context.cast(builder, v, t, to) for v, t in zip(values, from_types, strict=True)]
+
+    def _asm_tuple(context, builder, sig, text, constraints, out, in_types, values):
+        """Calls inline PTX returning len(sig.return_type) values of LLVM type out, as the
+        intrinsic's tuple."""
+        n = len(sig.return_type)
+        fnty = ir.FunctionType(ir.LiteralStructType([out] * n), in_types)
+        res = builder.call(ir.InlineAsm(fnty, text, constraints), values)
+        parts = [builder.extract_value(res, i) for i in range(n)]
+        return context.make_tuple(builder, sig.return_type, parts)
+
     @intrinsic
     def load_u32x4(typingctx, a, row, col):
         sig = types.UniTuple(types.uint32, 4)(a, row, col)
 
         def codegen(context, builder, sig, args):
-            aryty = sig.args[0]
-            ary = context.make_array(aryty)(context, builder, args[0])
-            idx = [
-                context.cast(builder, v, t, types.intp)
-                for v, t in zip(args[1:], sig.args[1:], strict=True)
-            ]
-            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
-            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [ptr.type])
-            asm = ir.InlineAsm(
-                fnty,
-                "ld.global.nc.L1::no_allocate.v4.u32 {$0,$1,$2,$3}, [$4];",
-                "=r,=r,=r,=r,l",
-            )
-            res = builder.call(asm, [ptr])
-            parts = [builder.extract_value(res, i) for i in range(4)]
-            return context.make_tuple(builder, sig.return_type, parts)
+            ptr = _item_pointer(context, builder, sig, args)
+            text = "ld.global.nc.L1::no_allocate.v4.u32 {$0,$1,$2,$3}, [$4];"
+            return _asm_tuple(context, builder, sig, text, "=r,=r,=r,=r,l", _I32, [ptr.type], [ptr])
+
+        return sig, codegen
+
+    @intrinsic
+    def load_f32x2(typingctx, a, row, col):
+        sig = types.UniTuple(types.float32, 2)(a, row, col)
+
+        def codegen(context, builder, sig, args):
+            ptr = _item_pointer(context, builder, sig, args)
+            text = "ld.global.v2.f32 {$0,$1}, [$2];"
+            return _asm_tuple(context, builder, sig, text, "=f,=f,l", _F32, [ptr.type], [ptr])
 
         return sig, codegen
 
@@ -115,48 +127,15 @@ else:
         sig = types.UniTuple(types.float32, 4)(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
 
         def codegen(context, builder, sig, args):
-            regs = [
-                context.cast(builder, v, t, types.uint32)
-                for v, t in zip(args[:6], sig.args[:6], strict=True)
-            ]
-            accs = [
-                context.cast(builder, v, t, types.float32)
-                for v, t in zip(args[6:], sig.args[6:], strict=True)
-            ]
-            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32] * 6 + [_F32] * 4)
-            asm = ir.InlineAsm(
-                fnty,
+            regs = _cast_all(context, builder, args[:6], sig.args[:6], types.uint32)
+            accs = _cast_all(context, builder, args[6:], sig.args[6:], types.float32)
+            text = (
                 "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
-                "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+                "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};"
             )
-            res = builder.call(asm, regs + accs)
-            parts = [builder.extract_value(res, i) for i in range(4)]
-            return context.make_tuple(builder, sig.return_type, parts)
-
-        return sig, codegen
-
-    @cuda.jit(device=True)
-    def float_bits(x):
-        return cuda.libdevice.float_as_int(x)
-
-    @intrinsic
-    def load_f32x2(typingctx, a, row, col):
-        sig = types.UniTuple(types.float32, 2)(a, row, col)
-
-        def codegen(context, builder, sig, args):
-            aryty = sig.args[0]
-            ary = context.make_array(aryty)(context, builder, args[0])
-            idx = [
-                context.cast(builder, v, t, types.intp)
-                for v, t in zip(args[1:], sig.args[1:], strict=True)
-            ]
-            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
-            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 2), [ptr.type])
-            asm = ir.InlineAsm(fnty, "ld.global.v2.f32 {$0,$1}, [$2];", "=f,=f,l")
-            res = builder.call(asm, [ptr])
-            parts = [builder.extract_value(res, i) for i in range(2)]
-            return context.make_tuple(builder, sig.return_type, parts)
+            constraints = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
+            in_types = [_I32] * 6 + [_F32] * 4
+            return _asm_tuple(context, builder, sig, text, constraints, _F32, in_types, regs + accs)
 
         return sig, codegen
 
@@ -165,23 +144,15 @@ else:
         sig = types.UniTuple(types.uint32, 2)(u, v)
 
         def codegen(context, builder, sig, args):
-            vals = [
-                context.cast(builder, a, t, types.float32)
-                for a, t in zip(args, sig.args, strict=True)
-            ]
-            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 2), [_F32] * 2)
-            asm = ir.InlineAsm(
-                fnty,
+            vals = _cast_all(context, builder, args, sig.args, types.float32)
+            text = (
                 "{ .reg .b32 lo_b, hi_b; .reg .f32 lo_f, hi_f;"
                 " cvt.rn.bf16x2.f32 $0, $3, $2;"
                 " shl.b32 lo_b, $0, 16; and.b32 hi_b, $0, 0xFFFF0000;"
                 " mov.b32 lo_f, lo_b; mov.b32 hi_f, hi_b;"
                 " sub.f32 lo_f, $2, lo_f; sub.f32 hi_f, $3, hi_f;"
-                " cvt.rn.bf16x2.f32 $1, hi_f, lo_f; }",
-                "=&r,=r,f,f",
+                " cvt.rn.bf16x2.f32 $1, hi_f, lo_f; }"
             )
-            res = builder.call(asm, vals)
-            parts = [builder.extract_value(res, i) for i in range(2)]
-            return context.make_tuple(builder, sig.return_type, parts)
+            return _asm_tuple(context, builder, sig, text, "=&r,=r,f,f", _I32, [_F32] * 2, vals)
 
         return sig, codegen

@@ -98,7 +98,7 @@ def upload_weights(weights: ModelWeights, stream) -> tuple[list[DeviceLayer], di
     tied = weights.lm_head is weights.embed
     if tied and not (embed.qtype == QType.BF16 and packable(*weights.embed.data.shape)):
         lm_head = embed
-    else:  # tied and bf16: a packed copy beside the embedding rows
+    else:  # its own matrix, or (tied, bf16) a packed copy beside the embedding rows
         lm_head = w(weights.lm_head)
     return layers, {"embed": embed, "lm_head": lm_head, "final_norm": vec(weights.final_norm)}
 

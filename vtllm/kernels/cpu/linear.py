@@ -235,23 +235,24 @@ def _gemm_kernel(x, w, qt, bias, out, tile_rows):
                 _micro(xf, K, M, mb, tile, nb, nc, n0, bias, out, sums)
 
 
-def linear(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=None) -> None:
-    """out[M, N] = x[M, K] @ W.T (+ bias[N]); W is (w, qtype) as in vtllm.kernels. out must not
-    overlap x."""
+def linear_args(op: str, x, w, qtype, out, bias):
+    """The checks every CPU linear launcher makes: x float32 [M, K] and out float32 [M, N],
+    both C-contiguous, W = (w, qtype) against K, bias None or contiguous float32 [N].
+    Returns (M, N, W as the kernels read it, bias or an empty placeholder)."""
     if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2):
-        raise ValueError(f"linear: x must be float32 [M, K], got {getattr(x, 'dtype', x)}")
+        raise ValueError(f"{op}: x must be float32 [M, K], got {getattr(x, 'dtype', x)}")
     if not x.flags.c_contiguous:
-        raise ValueError("linear: x must be C-contiguous")
+        raise ValueError(f"{op}: x must be C-contiguous")
     m, k = x.shape
-    wb = weight_rows(w, qtype, k, "linear")
+    wb = weight_rows(w, qtype, k, op)
     n = w.shape[0]
     if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == (m, n)):
         raise ValueError(
-            f"linear: out must be float32 {(m, n)}, got "
+            f"{op}: out must be float32 {(m, n)}, got "
             f"{getattr(out, 'dtype', out)} {getattr(out, 'shape', '')}"
         )
     if not out.flags.c_contiguous:
-        raise ValueError("linear: out must be C-contiguous")
+        raise ValueError(f"{op}: out must be C-contiguous")
     if bias is None:
         bias = _NO_BIAS
     elif not (
@@ -260,7 +261,14 @@ def linear(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=None) -
         and bias.shape == (n,)
         and bias.flags.c_contiguous
     ):
-        raise ValueError(f"linear: bias must be contiguous float32 ({n},)")
+        raise ValueError(f"{op}: bias must be contiguous float32 ({n},)")
+    return m, n, wb, bias
+
+
+def linear(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=None) -> None:
+    """out[M, N] = x[M, K] @ W.T (+ bias[N]); W is (w, qtype) as in vtllm.kernels. out must not
+    overlap x."""
+    m, n, wb, bias = linear_args("linear", x, w, qtype, out, bias)
     if m == 0 or n == 0:
         return
     qtype = QType(qtype)

@@ -51,7 +51,8 @@ from vtllm.kernels.cpu._int8simd import (
     store_b64,
 )
 from vtllm.kernels.cpu._simd import carray, hsum, hsum16, vfma, vload, vmul, vstore, vzero
-from vtllm.kernels.cpu.quant import BB_Q4_0, BB_Q4_1, BB_Q8_0, Q4_0, Q4_1, Q8_0, weight_rows
+from vtllm.kernels.cpu.linear import linear_args
+from vtllm.kernels.cpu.quant import BB_Q4_0, BB_Q4_1, BB_Q8_0, Q4_0, Q4_1, Q8_0
 from vtllm.kernels.cpu.quant_int8 import num_groups, num_pairs, quantize_row
 
 GEMM_MIN_M = 4  # from here tiles of unpacked W pay for themselves (measured)
@@ -70,7 +71,6 @@ PF_BYTES = 8192
 _ARGS = (carray(f32, 2, True), carray(u8, 2, True), i64, carray(f32, 1, True), carray(f32, 2))
 # x, w bytes, qtype, bias (empty: none), out, then threads (GEMV) or rows of W per tile (GEMM)
 _SIG = void(*_ARGS, i64)
-_NO_BIAS = np.zeros(0, np.float32)
 QUANTIZED = (QType.Q4_0, QType.Q4_1, QType.Q8_0)
 
 
@@ -331,29 +331,7 @@ def linear_int8(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=No
     qtype = QType(qtype)
     if qtype not in QUANTIZED:
         raise ValueError(f"linear_int8: {qtype.name} weights have no int8 kernel")
-    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2):
-        raise ValueError(f"linear_int8: x must be float32 [M, K], got {getattr(x, 'dtype', x)}")
-    if not x.flags.c_contiguous:
-        raise ValueError("linear_int8: x must be C-contiguous")
-    m, k = x.shape
-    wb = weight_rows(w, qtype, k, "linear_int8")
-    n = w.shape[0]
-    if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == (m, n)):
-        raise ValueError(
-            f"linear_int8: out must be float32 {(m, n)}, got "
-            f"{getattr(out, 'dtype', out)} {getattr(out, 'shape', '')}"
-        )
-    if not out.flags.c_contiguous:
-        raise ValueError("linear_int8: out must be C-contiguous")
-    if bias is None:
-        bias = _NO_BIAS
-    elif not (
-        isinstance(bias, np.ndarray)
-        and bias.dtype == np.float32
-        and bias.shape == (n,)
-        and bias.flags.c_contiguous
-    ):
-        raise ValueError(f"linear_int8: bias must be contiguous float32 ({n},)")
+    m, n, wb, bias = linear_args("linear_int8", x, w, qtype, out, bias)
     if m == 0 or n == 0:
         return
     if m < GEMM_MIN_M:

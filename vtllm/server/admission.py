@@ -35,14 +35,18 @@ def admit(state) -> None:
         raise HttpError(503, f"the server is {state.status}", type_="service_unavailable")
     scheduler = state.loop.scheduler
     if scheduler.num_waiting >= state.config.max_queued_requests:
-        seconds = state.drain.retry_after(state.loop.num_finished, scheduler.num_waiting)
-        raise HttpError(
-            429,
-            "too many requests are waiting; retry later",
-            type_="rate_limit_error",
-            code="queue_full",
-            headers={"Retry-After": str(seconds)},
-        )
+        raise _queue_full(state, "requests", scheduler.num_waiting)
+
+
+def _queue_full(state, what: str, num_waiting: int) -> HttpError:
+    seconds = state.drain.retry_after(state.loop.num_finished, num_waiting)
+    return HttpError(
+        429,
+        f"too many {what} are waiting; retry later",
+        type_="rate_limit_error",
+        code="queue_full",
+        headers={"Retry-After": str(seconds)},
+    )
 
 
 def admit_prompt_tokens(state, num_tokens: int) -> None:
@@ -56,14 +60,7 @@ def admit_prompt_tokens(state, num_tokens: int) -> None:
         return
     queued = sum(r.num_prompt_tokens for r in waiting)
     if queued + num_tokens > state.config.max_queued_prompt_tokens:
-        seconds = state.drain.retry_after(state.loop.num_finished, len(waiting))
-        raise HttpError(
-            429,
-            "too many prompt tokens are waiting; retry later",
-            type_="rate_limit_error",
-            code="queue_full",
-            headers={"Retry-After": str(seconds)},
-        )
+        raise _queue_full(state, "prompt tokens", len(waiting))
 
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})

@@ -103,6 +103,15 @@ if SIMULATOR:
         return r
 
     @cuda.jit(device=True)
+    def warp_max(v):
+        tid, nt = _exchange(v)
+        base = tid - tid % 32
+        r = _lanes[base]
+        for i in range(base + 1, min(base + 32, nt)):
+            r = max(r, _lanes[i])
+        return r
+
+    @cuda.jit(device=True)
     def warp_sum4(a, b, c, d):
         tid, nt = _exchange((a, b, c, d))
         base = tid - tid % 32

@@ -179,9 +179,10 @@ def paged_attention(
     attends to positions 0..itself through block_tables[s]. Query head h reads kv head
     h // (Hq // Hk). Rows of q outside every sequence are left unwritten in out.
 
-    Where head_dim <= 128 and Hq / Hk <= 8 (and unless split=False), the split-key kernels of
-    attention_split run it; `scratch` (attention_split.make_scratch) lets decode-sized batches
-    spread each row over many blocks. Either way a row's result is the same bits.
+    Where head_dim <= 128 and a multiple of 4, and Hq / Hk <= 8 (unless split=False), the
+    kernels of attention_split run it; `scratch` (attention_split.make_scratch) lets
+    decode-sized batches spread each row over many blocks. Either way a row's result is the
+    same bits.
     """
     check("paged_attention", "q", q, np.float32, 3)
     check("paged_attention", "out", out, np.float32, 3)

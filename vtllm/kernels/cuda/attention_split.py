@@ -2,11 +2,16 @@
 Hot path: keep it lean.
 
 A block serves one query token and one kv head, so the GQA group's query heads (G <= MAX_GROUP)
-share every K and V load. Keys are cut into splits of SPLIT positions; inside a split, warp w
-takes keys w, w + WARPS, ... with one coalesced load of the K row and one of the V row per key
-(lane l holds dims l, l + 32, ...), one warp reduction per query head for q . k, and an online
-softmax. A split's state (max m, sum l, acc) is the in-order fold of its warps' states, and
-the row's result the in-order fold of its splits' states, always through `_fold`:
+share every K and V load. Keys are cut into splits of SPLIT = 32 positions, and a block works a
+split in three phases, each across the whole block, all through one shared array:
+  1. load: every K and V row of the split into shared memory (warp w takes keys w, w + WARPS,
+     ..., lane l dims 4l .. 4l + 3 with 128-bit loads), all of a thread's loads issued before
+     its first store, so a split costs one trip to memory, not one per key;
+  2. scores: warp w takes query head w (w + WARPS, ...), lane j key j: q . k from shared memory,
+     then the split's max and sum of exp by two warp reductions;
+  3. p @ V: each thread sums four columns of V for one head, weighted by the probabilities.
+A split's state (max m, sum l, acc) is thus a function of its keys only, and the row's result
+is the in-order fold of its splits' states, always through `_fold`:
   - decode (`scratch` given, T <= its rows): splits spread over blocks (about TARGET_BLOCKS
     in all), partial states to scratch, then `_combine_kernel` folds them in split order: the
     GPU is filled even at batch 1;
@@ -20,16 +25,37 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from vtllm.kernels.cuda._device import NEG_INF, fmax, imin, warp_sum
+from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fmax, imin, warp_max, warp_sum
+from vtllm.kernels.cuda._ptx_f32x4 import load_f32x4, shared_f32x4, store_shared_f32x4
 from vtllm.kernels.cuda.attention import _sequence_of
 
-SPLIT = 64  # keys per split
+SPLIT = 32  # keys per split: one per lane in the score phase
 WARPS = 4
 THREADS = 32 * WARPS
+KEYS_PER_WARP = SPLIT // WARPS  # in the load phase
 MAX_GROUP = 8  # query heads per kv head
-MAX_DIM = 128  # head_dim (lane l holds dims l, l + 32, l + 64, l + 96)
-PER_LANE = MAX_DIM // 32
+MAX_DIM = 128  # head_dim: lane l loads dims 4l .. 4l + 3
+# Shared row stride in floats: a multiple of 4 (128-bit accesses), and 4 mod 32 so that the
+# eight lanes of a quarter-warp reading one 128-bit piece of eight rows hit all 32 banks.
+ROW = MAX_DIM + 4
+# One shared array carved into regions (a single array starts at the block's shared base, so
+# every region below is 16-byte aligned: all offsets are multiples of 4 floats).
+Q_AT = 0  # scaled queries [MAX_GROUP, MAX_DIM]
+K_AT = Q_AT + MAX_GROUP * MAX_DIM  # the split's keys [SPLIT, ROW]
+V_AT = K_AT + SPLIT * ROW  # and values
+P_AT = V_AT + SPLIT * ROW  # probabilities [MAX_GROUP, SPLIT]
+M_AT = P_AT + MAX_GROUP * SPLIT  # the split's max and sum per head
+L_AT = M_AT + MAX_GROUP
+RUN_M_AT = L_AT + MAX_GROUP  # running state of the one-block-per-row path
+RUN_L_AT = RUN_M_AT + MAX_GROUP
+NEW_M_AT = RUN_L_AT + MAX_GROUP
+NEW_L_AT = NEW_M_AT + MAX_GROUP
+RUN_ACC_AT = NEW_L_AT + MAX_GROUP  # [MAX_GROUP, MAX_DIM]
+SMEM_WORDS = RUN_ACC_AT + MAX_GROUP * MAX_DIM
 TARGET_BLOCKS = 1024  # decode grid size to aim for (the H200 has 132 SMs)
+# 128 registers (no spills) let four blocks share an SM: 1.3x faster at batch 32 than the
+# compiler's own choice (tools/device_bench_attention.py)
+_REGISTERS = {} if SIMULATOR else {"max_registers": 128}
 
 
 def splits_for(max_positions: int) -> int:
@@ -63,7 +89,75 @@ def _row(query_start_loc, seq_lens, block_tables, t, bs):
     return s, ctx - (query_start_loc[s + 1] - t) + 1
 
 
-@cuda.jit(cache=True)
+@cuda.jit(device=True)
+def _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem):
+    """Phase 1: keys lo .. lo + n_here - 1 into rows 0 .. n_here - 1 of K and V. Rows past
+    n_here repeat key lo (finite values that p = 0 will weigh), so no branch depends on the
+    key. Fixed trip counts: unrolled, kr / vr live in registers and every load is in flight
+    before the first store."""
+    d = 4 * lane
+    if d >= D:
+        return
+    bs = k_cache.shape[1]
+    kr = cuda.local.array((KEYS_PER_WARP, 4), float32)
+    vr = cuda.local.array((KEYS_PER_WARP, 4), float32)
+    for i in range(KEYS_PER_WARP):
+        jj = w + WARPS * i
+        j = lo + (jj if jj < n_here else 0)
+        blk, off = block_tables[s, j // bs], j % bs
+        kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = load_f32x4(k_cache, blk, off, hk, d)
+        vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = load_f32x4(v_cache, blk, off, hk, d)
+    for i in range(KEYS_PER_WARP):
+        at = (w + WARPS * i) * ROW + d
+        store_shared_f32x4(smem, K_AT + at, kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3])
+        store_shared_f32x4(smem, V_AT + at, vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3])
+
+
+@cuda.jit(device=True)
+def _score(smem, g, j, D):
+    """q_g . k_j from shared memory, four partial sums."""
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for d in range(0, MAX_DIM, 4):
+        if d < D:
+            q0, q1, q2, q3 = shared_f32x4(smem, Q_AT + g * MAX_DIM + d)
+            k0, k1, k2, k3 = shared_f32x4(smem, K_AT + j * ROW + d)
+            a0 += q0 * k0
+            a1 += q1 * k1
+            a2 += q2 * k2
+            a3 += q3 * k3
+    return (a0 + a1) + (a2 + a3)
+
+
+@cuda.jit(device=True)
+def _weighted_columns(smem, g, d):
+    """sum over the split's keys j of p[g, j] * V[j, d .. d + 3]."""
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for j in range(SPLIT):
+        p = smem[P_AT + g * SPLIT + j]
+        v0, v1, v2, v3 = shared_f32x4(smem, V_AT + j * ROW + d)
+        a0 += p * v0
+        a1 += p * v1
+        a2 += p * v2
+        a3 += p * v3
+    return a0, a1, a2, a3
+
+
+@cuda.jit(device=True)
+def _fold_into(smem, g, d, m2, l2, a0, a1, a2, a3):
+    """The running state's columns d .. d + 3 of head g folded with a split's state; the new
+    max and sum are staged (NEW_*) until every thread has read the old ones."""
+    m, l = smem[RUN_M_AT + g], smem[RUN_L_AT + g]
+    at = RUN_ACC_AT + g * MAX_DIM + d
+    nm, nl, smem[at] = _fold(m, l, smem[at], m2, l2, a0)
+    nm, nl, smem[at + 1] = _fold(m, l, smem[at + 1], m2, l2, a1)
+    nm, nl, smem[at + 2] = _fold(m, l, smem[at + 2], m2, l2, a2)
+    nm, nl, smem[at + 3] = _fold(m, l, smem[at + 3], m2, l2, a3)
+    if d == 0:
+        smem[NEW_M_AT + g] = nm
+        smem[NEW_L_AT + g] = nl
+
+
+@cuda.jit(cache=True, **_REGISTERS)
 def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
                   part_acc, part_ml, to_scratch):  # fmt: skip
     t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
@@ -71,6 +165,7 @@ def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
     w, lane = tid // 32, tid % 32
     num_blocks, bs, Hk, D = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], q.shape[2]
     G = q.shape[1] // Hk
+    quads = D // 4  # four-column pieces of a head
     s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
     n_splits = (n_keys + SPLIT - 1) // SPLIT
     if s < 0 or z >= n_splits:
@@ -82,114 +177,88 @@ def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
             ok = 0
     if cuda.syncthreads_and(ok) == 0:
         return
-    qr = cuda.local.array((MAX_GROUP, PER_LANE), float32)
-    for g in range(G):
-        for i in range(PER_LANE):
-            d = lane + 32 * i
-            qr[g, i] = q[t, hk * G + g, d] * scale if d < D else np.float32(0.0)
-    sm_m = cuda.shared.array((WARPS, MAX_GROUP), float32)
-    sm_l = cuda.shared.array((WARPS, MAX_GROUP), float32)
-    sm_acc = cuda.shared.array((WARPS, MAX_GROUP, MAX_DIM), float32)
-    run_m = cuda.shared.array(MAX_GROUP, float32)
-    run_l = cuda.shared.array(MAX_GROUP, float32)
-    run_acc = cuda.shared.array((MAX_GROUP, MAX_DIM), float32)
-    new_m = cuda.local.array(MAX_GROUP, float32)
-    new_l = cuda.local.array(MAX_GROUP, float32)
-    wm = cuda.local.array(MAX_GROUP, float32)
-    wl = cuda.local.array(MAX_GROUP, float32)
-    wacc = cuda.local.array((MAX_GROUP, PER_LANE), float32)
-    kr = cuda.local.array(PER_LANE, float32)
-    vr = cuda.local.array(PER_LANE, float32)
-    for g in range(G):
-        if tid < D:
-            run_acc[g, tid] = 0.0
-        if tid == 0:
-            run_m[g] = NEG_INF
-            run_l[g] = 0.0
-    cuda.syncthreads()
+    smem = cuda.shared.array(SMEM_WORDS, float32)
+    for e in range(tid, G * D, THREADS):
+        g, d = e // D, e % D
+        smem[Q_AT + g * MAX_DIM + d] = q[t, hk * G + g, d] * scale
+        smem[RUN_ACC_AT + g * MAX_DIM + d] = 0.0
+    if tid < G:
+        smem[RUN_M_AT + tid] = NEG_INF
+        smem[RUN_L_AT + tid] = 0.0
     for sp in range(z, n_splits, nz):
         lo = sp * SPLIT
-        hi = imin(n_keys, lo + SPLIT)
-        for g in range(G):
-            wm[g] = NEG_INF
-            wl[g] = 0.0
-            for i in range(PER_LANE):
-                wacc[g, i] = 0.0
-        for j0 in range(lo, hi, WARPS):  # block-uniform trip count: every warp reduces alike
-            j = j0 + w
-            valid = j < hi
-            if valid:
-                blk, off = block_tables[s, j // bs], j % bs
-                for i in range(PER_LANE):
-                    d = lane + 32 * i
-                    kr[i] = k_cache[blk, off, hk, d] if d < D else np.float32(0.0)
-                    vr[i] = v_cache[blk, off, hk, d] if d < D else np.float32(0.0)
-            for g in range(G):
-                part = np.float32(0.0)
-                for i in range(PER_LANE):
-                    part += qr[g, i] * kr[i] if valid else np.float32(0.0)
-                score = warp_sum(part)
-                if valid:
-                    top = fmax(wm[g], score)
-                    c = math.exp(wm[g] - top)
-                    p = math.exp(score - top)
-                    wl[g] = wl[g] * c + p
-                    for i in range(PER_LANE):
-                        wacc[g, i] = wacc[g, i] * c + p * vr[i]
-                    wm[g] = top
-        for g in range(G):
-            if lane == 0:
-                sm_m[w, g] = wm[g]
-                sm_l[w, g] = wl[g]
-            for i in range(PER_LANE):
-                d = lane + 32 * i
-                if d < D:
-                    sm_acc[w, g, d] = wacc[g, i]
+        n_here = imin(n_keys - lo, SPLIT)
+        _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem)
         cuda.syncthreads()
-        for g in range(G):
-            m, l, a = NEG_INF, np.float32(0.0), np.float32(0.0)
-            for ww in range(WARPS):
-                m, l, a = _fold(m, l, a, sm_m[ww, g], sm_l[ww, g],
-                                sm_acc[ww, g, tid] if tid < D else np.float32(0.0))  # fmt: skip
-            h = hk * G + g
+        for g0 in range(0, G, WARPS):  # block-uniform trip count: every warp reduces alike
+            g = g0 + w
+            score = NEG_INF
+            if g < G and lane < n_here:
+                score = _score(smem, g, lane, D)
+            m = warp_max(score)
+            p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
+            l = warp_sum(p)
+            if g < G:
+                smem[P_AT + g * SPLIT + lane] = p
+                if lane == 0:
+                    smem[M_AT + g] = m
+                    smem[L_AT + g] = l
+        cuda.syncthreads()
+        for e in range(tid, G * quads, THREADS):
+            g, d = e // quads, 4 * (e % quads)
+            a0, a1, a2, a3 = _weighted_columns(smem, g, d)
+            m, l = smem[M_AT + g], smem[L_AT + g]
             if to_scratch:
-                if tid < D:
-                    part_acc[t, h, sp, tid] = a
-                if tid == 0:
+                h = hk * G + g
+                part_acc[t, h, sp, d] = a0
+                part_acc[t, h, sp, d + 1] = a1
+                part_acc[t, h, sp, d + 2] = a2
+                part_acc[t, h, sp, d + 3] = a3
+                if d == 0:
                     part_ml[t, h, sp, 0] = m
                     part_ml[t, h, sp, 1] = l
             else:
-                new_m[g], new_l[g], a = _fold(run_m[g], run_l[g],
-                                              run_acc[g, tid] if tid < D else np.float32(0.0),
-                                              m, l, a)  # fmt: skip
-                if tid < D:
-                    run_acc[g, tid] = a
-        cuda.syncthreads()  # every thread has read run_m / run_l and the warps' states
-        if tid == 0 and not to_scratch:
-            for g in range(G):
-                run_m[g] = new_m[g]
-                run_l[g] = new_l[g]
+                _fold_into(smem, g, d, m, l, a0, a1, a2, a3)
+        cuda.syncthreads()  # K, V, P, M, L and the old running max / sum all read
+        if tid < G and not to_scratch:
+            smem[RUN_M_AT + tid] = smem[NEW_M_AT + tid]
+            smem[RUN_L_AT + tid] = smem[NEW_L_AT + tid]
+    if not to_scratch:
         cuda.syncthreads()
-    if not to_scratch and tid < D:
-        for g in range(G):
-            out[t, hk * G + g, tid] = run_acc[g, tid] / run_l[g]
+        for e in range(tid, G * D, THREADS):
+            g, d = e // D, e % D
+            out[t, hk * G + g, d] = smem[RUN_ACC_AT + g * MAX_DIM + d] / smem[RUN_L_AT + g]
 
 
 @cuda.jit(cache=True)
 def _combine_kernel(part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out):
+    """Folds a row's split states in split order; eight splits' values are loaded before
+    they are folded, so the loads overlap instead of queueing behind each fold."""
     t, h, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
     if s < 0 or tid >= out.shape[2]:
         return
+    n = (n_keys + SPLIT - 1) // SPLIT
     m, l, a = NEG_INF, np.float32(0.0), np.float32(0.0)
-    for sp in range((n_keys + SPLIT - 1) // SPLIT):
-        m, l, a = _fold(m, l, a, part_ml[t, h, sp, 0], part_ml[t, h, sp, 1],
-                        part_acc[t, h, sp, tid])  # fmt: skip
+    pm = cuda.local.array(8, float32)
+    pl = cuda.local.array(8, float32)
+    pa = cuda.local.array(8, float32)
+    for sp0 in range(0, n, 8):
+        for u in range(8):
+            sp = imin(sp0 + u, n - 1)
+            pm[u], pl[u], pa[u] = (
+                part_ml[t, h, sp, 0],
+                part_ml[t, h, sp, 1],
+                part_acc[t, h, sp, tid],
+            )
+        for u in range(8):
+            if sp0 + u < n:
+                m, l, a = _fold(m, l, a, pm[u], pl[u], pa[u])
     out[t, h, tid] = a / l
 
 
 def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    return head_dim <= MAX_DIM and num_heads // num_kv_heads <= MAX_GROUP
+    return head_dim <= MAX_DIM and head_dim % 4 == 0 and num_heads // num_kv_heads <= MAX_GROUP
 
 
 def make_scratch(rows: int, num_heads: int, head_dim: int, max_positions: int, *, stream=0):

@@ -1,0 +1,109 @@
+# ruff: noqa: E501
+"""Decode attention over the paged KV cache on the GPU machine (after .device/bootstrap.sh):
+    python3 tools/device_bench_attention.py [--variant FILE ...] [--targets 1024,4096]
+Times attention_split (the decode path: split keys over blocks, partial states to a scratch,
+then the in-order combine) at model shapes, batch sizes and context lengths, against torch's
+scaled_dot_product_attention on the same float32 K/V laid out contiguously (the peer: no
+paging, no GQA sharing of loads). GB/s counts the K and V bytes once per launch; the H200
+streams ~4.3 TB/s. Each figure is a CUDA graph of 20 launches replayed 5 times, median per
+launch. --variant times other copies of attention_split.py too (checked against ours)."""
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from numba import cuda
+
+sys.path.insert(0, str(Path(__file__).parent))
+from device_bench_linear import numba_us, torch_us  # noqa: E402
+
+from vtllm.kernels.cuda import attention_split  # noqa: E402
+
+# name: (query heads, kv heads, head dim)
+SHAPES = {"0.6B": (16, 8, 128), "8B": (32, 8, 128), "135M": (9, 3, 64)}
+CASES = [  # (shape, batch, context)
+    ("135M", 1, 512), ("0.6B", 1, 512), ("0.6B", 1, 4096), ("0.6B", 32, 512),
+    ("8B", 1, 1024), ("8B", 32, 512), ("8B", 32, 1024), ("8B", 64, 1024),
+]  # fmt: skip
+BS = 16
+
+
+def load(path):
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def case_arrays(rng, hq, hk, d, batch, ctx):
+    per = -(-ctx // BS)
+    blocks = batch * per + 1
+    kc = cuda.to_device(rng.standard_normal((blocks, BS, hk, d)).astype(np.float32))
+    vc = cuda.to_device(rng.standard_normal((blocks, BS, hk, d)).astype(np.float32))
+    tables = (1 + rng.permutation(batch * per)).reshape(batch, per).astype(np.int32)
+    seq_lens = np.full(batch, ctx, np.int32)
+    qsl = np.arange(batch + 1, dtype=np.int32)
+    q = rng.standard_normal((batch, hq, d)).astype(np.float32)
+    return (
+        kc,
+        vc,
+        cuda.to_device(tables),
+        cuda.to_device(seq_lens),
+        cuda.to_device(qsl),
+        cuda.to_device(q),
+    )
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--variant", action="append", default=[])
+    p.add_argument(
+        "--targets", default="", help="TARGET_BLOCKS values to try (default: the module's)"
+    )
+    args = p.parse_args()
+    mods = [("ours", attention_split)] + [(Path(v).stem, load(v)) for v in args.variant]
+    targets = [int(t) for t in args.targets.split(",") if t]
+    stream = cuda.stream()
+    rng = np.random.default_rng(0)
+    print(
+        f"{'kernel':22s} {'shape':5s} {'batch':>5s} {'ctx':>5s} {'us':>8s} {'GB/s':>6s} {'torch us':>8s} {'GB/s':>6s} {'max err':>8s}"
+    )
+    for shape, batch, ctx in CASES:
+        hq, hk, d = SHAPES[shape]
+        kc, vc, tables, seq_lens, qsl, q = case_arrays(rng, hq, hk, d, batch, ctx)
+        gb = batch * ctx * hk * d * 4 * 2 / 1e3
+        # the peer: contiguous K/V [batch, hk, ctx, d] expanded to the query heads
+        kt = torch.randn(batch, hk, ctx, d, device="cuda").repeat_interleave(hq // hk, 1)
+        vt = torch.randn(batch, hk, ctx, d, device="cuda").repeat_interleave(hq // hk, 1)
+        qt = torch.randn(batch, hq, 1, d, device="cuda")
+        peer = torch_us(
+            lambda qt=qt, kt=kt, vt=vt: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
+        )
+        ref = None
+        for name, mod in mods:
+            for target in targets or [mod.TARGET_BLOCKS]:
+                mod.TARGET_BLOCKS = target
+                scratch = mod.make_scratch(batch, hq, d, 4097)
+                out = cuda.device_array((batch, hq, d), np.float32)
+
+                args = (q, kc, vc, tables, seq_lens, qsl, d**-0.5, out, scratch)
+
+                def fn(mod=mod, args=args):
+                    mod.split_attention(*args, stream=stream)
+
+                us = numba_us(stream, fn)
+                got = out.copy_to_host()
+                ref = got if ref is None else ref
+                err = float(np.abs(got - ref).max())
+                label = f"{name}@{target}"
+                print(
+                    f"{label:22s} {shape:5s} {batch:5d} {ctx:5d} {us:8.1f} {gb / us:6.0f} {peer:8.1f} {gb / peer:6.0f} {err:8.1e}"
+                )
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""128-bit float32 loads and stores through inline PTX, for kernels that move rows of four floats
+(numba emits one 32-bit access per element; four of them cost four instructions and, in
+shared memory, four bank passes where one 128-bit access takes one per eight lanes).
+
+  load_f32x4(a, i, j, k, d): a[i, j, k, d .. d + 3] of a global array never written while
+      the kernel runs (`ld.global.nc.v4.f32`); the address must be 16-byte aligned.
+  shared_f32x4(s, i): s[i .. i + 3] of a 1-D shared array (`ld.shared.v4.f32`); i % 4 == 0.
+  store_shared_f32x4(s, i, v0, v1, v2, v3): s[i .. i + 3] = v0 .. v3 (`st.shared.v4.f32`).
+
+Under numba's simulator they are plain indexing.
+"""
+
+from vtllm.kernels.cuda._device import SIMULATOR
+
+if SIMULATOR:
+
+    def load_f32x4(a, i, j, k, d):
+        return a[i, j, k, d], a[i, j, k, d + 1], a[i, j, k, d + 2], a[i, j, k, d + 3]
+
+    def shared_f32x4(s, i):
+        return s[i], s[i + 1], s[i + 2], s[i + 3]
+
+    def store_shared_f32x4(s, i, v0, v1, v2, v3):
+        s[i], s[i + 1], s[i + 2], s[i + 3] = v0, v1, v2, v3
+
+else:
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    from vtllm.kernels.cuda._ptx import _asm_tuple, _cast_all, _item_pointer
+
+    _F32 = ir.FloatType()
+    # numba hands shared arrays around as generic pointers: convert to the shared window
+    _TO_SHARED = ".reg .u64 sa; cvta.to.shared.u64 sa, {ptr};"
+
+    @intrinsic
+    def load_f32x4(typingctx, a, i, j, k, d):
+        sig = types.UniTuple(types.float32, 4)(a, i, j, k, d)
+
+        def codegen(context, builder, sig, args):
+            ptr = _item_pointer(context, builder, sig, args)
+            text = "ld.global.nc.v4.f32 {$0,$1,$2,$3}, [$4];"
+            return _asm_tuple(context, builder, sig, text, "=f,=f,=f,=f,l", _F32, [ptr.type], [ptr])
+
+        return sig, codegen
+
+    @intrinsic
+    def shared_f32x4(typingctx, s, i):
+        sig = types.UniTuple(types.float32, 4)(s, i)
+
+        def codegen(context, builder, sig, args):
+            ptr = _item_pointer(context, builder, sig, args)
+            text = "{ " + _TO_SHARED.format(ptr="$4") + " ld.shared.v4.f32 {$0,$1,$2,$3}, [sa]; }"
+            # side effects: keeps the load after the barrier that publishes what it reads
+            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [ptr.type])
+            asm = ir.InlineAsm(fnty, text, "=f,=f,=f,=f,l", side_effect=True)
+            res = builder.call(asm, [ptr])
+            parts = [builder.extract_value(res, n) for n in range(4)]
+            return context.make_tuple(builder, sig.return_type, parts)
+
+        return sig, codegen
+
+    @intrinsic
+    def store_shared_f32x4(typingctx, s, i, v0, v1, v2, v3):
+        sig = types.void(s, i, v0, v1, v2, v3)
+
+        def codegen(context, builder, sig, args):
+            ptr = _item_pointer(context, builder, types.void(*sig.args[:2]), args[:2])
+            vals = _cast_all(context, builder, args[2:], sig.args[2:], types.float32)
+            text = "{ " + _TO_SHARED.format(ptr="$0") + " st.shared.v4.f32 [sa], {$1,$2,$3,$4}; }"
+            fnty = ir.FunctionType(ir.VoidType(), [ptr.type] + [_F32] * 4)
+            builder.call(ir.InlineAsm(fnty, text, "l,f,f,f,f", side_effect=True), [ptr] + vals)
+            return context.get_dummy_value()
+
+        return sig, codegen

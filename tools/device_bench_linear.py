@@ -1,11 +1,14 @@
 # ruff: noqa: E501
 """Linear kernels against torch on the same shapes, on the GPU machine (after .device/bootstrap.sh):
     python3 tools/device_bench_linear.py [--ms 1,2,4,8,16,32,64] [--prefill 1024] [--variant F]
+    python3 tools/device_bench_linear.py --gemm [--gemm-ms 128,512,1024,4096]
 Ours: the tensor-core kernel on packed bf16 W (linear_mma) and the GEMV kernel (linear, bf16
 bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a CUDA graph of
 20 back-to-back launches replayed 5 times, median per launch (no Python launch cost in it).
 GB/s counts the weight bytes once per launch; TFLOP/s is 2 M N K per launch. --variant loads
-the kernel module from a file instead (a copy with other tuning constants)."""
+the kernel module from a file instead (a copy with other tuning constants). --gemm times the
+prefill kernel gemm_mma (x split included, and alone) against linear_mma and torch on the 8B
+shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's."""
 
 import argparse
 import importlib.util
@@ -19,6 +22,7 @@ from vtllm.executor.cuda_graphs import CudaGraph
 from vtllm.kernels import QType
 from vtllm.kernels.cuda import linear
 from vtllm.kernels.cuda import linear_mma as default_module
+from vtllm.kernels.cuda.gemm_mma import gemm_mma
 
 SHAPES = {  # name: (N, K)
     "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096),
@@ -64,6 +68,60 @@ def torch_us(fn, reps=20, rounds=5) -> float:
     return statistics.median(times)
 
 
+def bench_gemm(ms, shapes):
+    """gemm_mma against linear_mma (same split of x) and torch; 'bits' counts the outputs whose
+    bits differ from linear_mma's (must be 0)."""
+    mod = default_module
+    stream = cuda.stream()
+    rng = np.random.default_rng(0)
+    print(
+        f"{'shape':14s} {'M':>5s} {'gemm us':>8s} {'TFLOP/s':>7s} {'alone us':>8s} {'mma us':>8s} {'TFLOP/s':>7s} {'torch us':>8s} {'TFLOP/s':>7s} {'torch/gemm':>10s} {'bits':>6s}"
+    )
+    for name in shapes:
+        n, k = SHAPES[name]
+        wt = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
+        w_bits = cuda.as_cuda_array(wt.view(torch.int16)).view(np.uint16)
+        packed = mod.pack_bf16(w_bits, stream=stream)
+        bias = cuda.to_device(rng.standard_normal(n).astype(np.float32), stream=stream)
+        for m in ms:
+            x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32), stream=stream)
+            out = cuda.device_array((m, n), np.float32, stream=stream)
+            ref = cuda.device_array((m, n), np.float32, stream=stream)
+            xs = cuda.device_array(mod.x_scratch_words(m, k), np.uint32, stream=stream)
+            mod.linear_mma(x, packed, ref, bias=bias, x_scratch=xs, stream=stream)
+            gemm_mma(mod.split_x(x, xs, stream=stream), packed, out, bias=bias, stream=stream)
+            stream.synchronize()
+            bad = int(
+                np.count_nonzero(
+                    out.copy_to_host().view(np.uint32) != ref.copy_to_host().view(np.uint32)
+                )
+            )
+            xp = mod.split_x(x, xs, stream=stream)
+
+            def split_gemm(x=x, xs=xs, p=packed, o=out):
+                gemm_mma(mod.split_x(x, xs, stream=stream), p, o, stream=stream)
+
+            ours = numba_us(stream, split_gemm)
+            alone = numba_us(
+                stream, lambda xp=xp, p=packed, o=out: gemm_mma(xp, p, o, stream=stream)
+            )
+            mma = numba_us(
+                stream,
+                lambda x=x, p=packed, o=ref, xs=xs: mod.linear_mma(
+                    x, p, o, x_scratch=xs, stream=stream
+                ),
+            )
+            xt = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            peer = torch_us(lambda xt=xt, wt=wt: torch.nn.functional.linear(xt, wt))
+            tf = 2 * m * n * k / 1e6
+            print(
+                f"{name:14s} {m:5d} {ours:8.1f} {tf / ours:7.1f} {alone:8.1f} {mma:8.1f} {tf / mma:7.1f} {peer:8.1f} {tf / peer:7.1f} {peer / ours:10.2f} {bad:6d}"
+            )
+            del x, out, ref, xs
+        del packed, wt
+        torch.cuda.empty_cache()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ms", default="1,2,4,8,16,32,64")
@@ -71,7 +129,13 @@ def main():
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--gemv", action="store_true", help="also time the GEMV kernel (M <= 8)")
     p.add_argument("--variant", help="a copy of kernels/cuda/linear_mma.py to time instead")
+    p.add_argument("--gemm", action="store_true", help="time gemm_mma (prefill) instead")
+    p.add_argument("--gemm-ms", default="128,512,1024,4096")
     args = p.parse_args()
+    if args.gemm:
+        shapes = [s for s in args.shapes.split(",") if s.startswith("8B")]
+        bench_gemm([int(m) for m in args.gemm_ms.split(",")], shapes)
+        return
     mod = default_module
     if args.variant:
         spec = importlib.util.spec_from_file_location("variant", args.variant)
@@ -89,14 +153,18 @@ def main():
         wt = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
         w_bits = cuda.as_cuda_array(wt.view(torch.int16)).view(np.uint16)
         packed = mod.pack_bf16(w_bits, stream=stream)
+        kw = {}  # one-token steps spread K over blocks where the module can (split_scratch)
+        if hasattr(mod, "split_scratch_words"):
+            kw["split_scratch"] = cuda.device_array(max(1, mod.split_scratch_words(packed)), np.float32)
+        print(f"{name}: ksplit {getattr(packed, 'ksplit', 1)}")
         stream.synchronize()
         for m in ms:
             x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32), stream=stream)
             out = cuda.device_array((m, n), np.float32, stream=stream)
             xs = cuda.device_array(mod.x_scratch_words(m, k), np.uint32, stream=stream)
 
-            def ours_fn(x=x, p=packed, o=out, xs=xs):
-                mod.linear_mma(x, p, o, x_scratch=xs, stream=stream)
+            def ours_fn(x=x, p=packed, o=out, xs=xs, kw=kw):
+                mod.linear_mma(x, p, o, x_scratch=xs, stream=stream, **kw)
 
             ours = numba_us(stream, ours_fn)
             gemv = ""

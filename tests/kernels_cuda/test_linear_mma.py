@@ -9,13 +9,16 @@ import pytest
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from vtllm.kernels import QType
 from vtllm.kernels.cpu.quant import dequantize
+from vtllm.kernels.cuda import linear_mma as linear_mma_module
 from vtllm.kernels.cuda.linear_mma import (
     PREPACK_ABOVE,
     TOKENS,
+    UNROLL,
     WARPS,
     linear_mma,
     pack_bf16,
     packed_shape,
+    split_scratch_words,
     x_scratch_words,
 )
 from vtllm.kernels.reference import linear_ref
@@ -89,6 +92,47 @@ def test_a_token_gets_the_same_bits_in_any_batch(rng):
             sub = poisoned((len(rows), n))
             linear_mma(dev(x[rows]), w, sub, x_scratch=scratch if use_scratch else None)
             np.testing.assert_array_equal(host(sub), full[rows])
+
+
+def test_split_k_steps_give_the_same_bits(rng, monkeypatch):
+    """A narrow matrix gets ksplit > 1: one-token steps with the split scratch spread its K
+    over several blocks per row tile and the last one adds the slices' partials; the bits are
+    those of the one-block path and of the token inside a large batch, launch after launch
+    (the arrival counters are back at zero after each)."""
+    monkeypatch.setattr(linear_mma_module, "SPLIT_TARGET", 1024)
+    n, k = 32, 16 * WARPS * UNROLL * 3  # two row tiles, three rounds of the loop
+    w = packed(random_weight(rng, QType.BF16, n, k))
+    assert w.ksplit == 3
+    x = (rng.standard_normal((TOKENS + 3, k))).astype(np.float32)
+    bias = dev(rng.standard_normal(n).astype(np.float32))
+    xs = dev(np.zeros(x_scratch_words(*x.shape), np.uint32))
+    ss = dev(np.full(split_scratch_words(w), np.nan, np.float32))
+    full = poisoned(x.shape[0:1] + (n,))
+    linear_mma(dev(x), w, full, bias=bias, x_scratch=xs, split_scratch=ss)  # M > 8: no split
+    full = host(full)
+    check_close(full, x, host_bits(w, n, k), host(bias))
+    for rows in ([0], [4, 1, 7], list(range(8)), [TOKENS + 2]):
+        for scratch in (None, ss, ss):
+            sub = poisoned((len(rows), n))
+            linear_mma(dev(x[rows]), w, sub, bias=bias, split_scratch=scratch)
+            np.testing.assert_array_equal(host(sub), full[rows])
+    assert not host(w.counters).any(), "arrival counters left set"
+
+
+def host_bits(w, n, k):
+    """The bf16 bits of packed W, unpacked from fragment order (inverse of pack_bf16)."""
+    p = host(w.data)
+    bits = np.zeros((n, k), np.uint16)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        spots = [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]
+        for reg, (r, c) in enumerate(spots):
+            for kt in range(k // 16):
+                word = p[:, kt * 128 + 4 * lane + reg]
+                for nt in range(n // 16):
+                    bits[16 * nt + r, 16 * kt + c] = word[nt] & 0xFFFF
+                    bits[16 * nt + r, 16 * kt + c + 1] = word[nt] >> 16
+    return bits
 
 
 def test_bad_shapes_are_refused(rng):

@@ -14,19 +14,28 @@ rounded) and lo (the remainder rounded), and both go through the tensor cores, s
 activations keep about 17 significant bits (error <= 2^-17 relative) while the weights, bf16
 already, are exact. Decode is bound by reading W, so the second mma is free there.
 
+Summation order: the K tiles are dealt round-robin to S = WARPS x ksplit slices (slice v:
+tiles v, v + S, v + 2 S, ...); each slice is summed in order into float32 accumulators from
++0, and an output is the slices' partials added in slice order, then the bias. Every output
+is therefore the same sequence of float operations whatever M is and wherever the token sits
+in the batch: decode, batched decode and prefill give the same bits, which the depth-2
+executor's law relies on (gemm_mma follows the same order).
+
 Work split: a block owns one 16-row tile of W and up to TOKENS tokens; its WARPS warps take
-the K tiles round-robin (warp w: tiles w, w + WARPS, ...), each summing its tiles in order
-into float32 accumulators, and the block adds the warps' partials in warp order. Every
-output is therefore the same sequence of float operations whatever M is and wherever the
-token sits in the batch: decode, batched decode and prefill give the same bits, which the
-depth-2 executor's law relies on. W is read once per TOKENS tokens; consecutive blocks share
-a tile of W (the grid's x runs over tokens), so prefill re-reads it from L2, not HBM.
+the slices WARPS at a time (slice group c: slices c WARPS .. c WARPS + WARPS - 1) and the
+block folds each group's partials into a running total in slice order. ksplit is 1 for wide
+matrices; a matrix with few row tiles gets more (ksplit_for) so that a decode step of at
+most 8 tokens can launch one block per slice group (given a split scratch): each writes its
+warps' partials to the scratch and the last to finish, counted by an atomic per row tile,
+adds them in slice order. Both ways give the same bits. W is read once per TOKENS tokens;
+consecutive blocks share a tile of W (the grid's x runs over tokens), so prefill re-reads
+it from L2, not HBM.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
 from vtllm.kernels.cuda._host import aligned, check, placeholder
@@ -51,13 +60,42 @@ def packed_shape(n: int, k: int) -> tuple[int, int]:
     return n // 16, rounds * WARPS * UNROLL * TILE_WORDS
 
 
+# Blocks a one-token step should launch, at least. 0 turns the K split off: on the H200 the
+# split (partials through global memory, the last block adding 32 slices) made one-token
+# steps slower, e.g. 8B qkv 18 -> 37 us (tools/device_bench_linear.py); kept for tuning.
+SPLIT_TARGET = 0
+
+
+def ksplit_for(n: int, k: int) -> int:
+    """Slice groups for W [n, k]: a matrix with few row tiles splits its K over that many
+    blocks per row tile (the smallest divisor of its rounds giving SPLIT_TARGET blocks), so a
+    decode step fills the GPU. Fixed per matrix, whatever M: the bits never depend on M."""
+    rounds = packed_shape(n, k)[1] // (TILE_WORDS * WARPS * UNROLL)
+    need = -(-SPLIT_TARGET // (n // 16))
+    return next((d for d in range(1, rounds + 1) if rounds % d == 0 and d >= need), rounds)
+
+
 @dataclass(frozen=True, slots=True)
 class PackedBF16:
-    """W [n, k] in fragment order (pack_bf16); data: device uint32 of packed_shape(n, k)."""
+    """W [n, k] in fragment order (pack_bf16); data: device uint32 of packed_shape(n, k);
+    ksplit: ksplit_for(n, k); counters: per row tile, how many blocks of a split launch have
+    finished (device int32, all zeros between launches)."""
 
     data: object
     n: int
     k: int
+    ksplit: int = 1
+    counters: object = None
+
+    @property
+    def slices(self) -> int:
+        """K slices summed in order for every output (see the module docstring)."""
+        return WARPS * self.ksplit
+
+
+def split_scratch_words(w: PackedBF16) -> int:
+    """float32 words of the scratch a one-token step of W splits its K into (0: it does not)."""
+    return 0 if w.ksplit == 1 else (w.n // 16) * w.ksplit * WARPS * 128
 
 
 def packable(n: int, k: int) -> bool:
@@ -136,11 +174,35 @@ def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc):
             c20, c21, c22, c23, c30, c31, c32, c33)  # fmt: skip
 
 
+@cuda.jit(device=True)
+def _reduce_into(total, partial, c, tid, nthreads):
+    """total (shared [16 x 32]) += the warps' partials of slice group c, in warp order; for
+    c == 0 total starts from warp 0's partial."""
+    for e in range(tid, 16 * 32, nthreads):
+        i, src = e // 32, e % 32
+        s = partial[0, i, src] if c == 0 else total[i, src] + partial[0, i, src]
+        for w in range(1, WARPS):
+            s += partial[w, i, src]
+        total[i, src] = s
+
+
+@cuda.jit(device=True)
+def _store(out, bias, has_bias, tok0, nt, M, i, src, s):
+    """Accumulator i of lane src (group i // 4, register i % 4) to its place in out."""
+    tok = tok0 + 8 * (i // 4) + 2 * (src % 4) + (i % 2)
+    if tok < M:
+        row = 16 * nt + src // 4 + 8 * ((i % 4) // 2)
+        if has_bias:
+            s += bias[row]
+        out[tok, row] = s
+
+
 @cuda.jit(cache=True, **_REGISTERS)
-def _linear_mma_kernel(x, xp, prepacked, packed, bias, has_bias, out):
+def _linear_mma_kernel(x, xp, prepacked, packed, bias, has_bias, out, ksplit, parts, counters):
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
+    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     tok0 = cuda.blockIdx.x * TOKENS
     nt = cuda.blockIdx.y
     g = lane // 4
@@ -152,34 +214,59 @@ def _linear_mma_kernel(x, xp, prepacked, packed, bias, has_bias, out):
         imin(tok0 + 16 + g, M - 1),
         imin(tok0 + 24 + g, M - 1),
     )
-    z = np.float32(0.0)
-    acc = (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
     last = K // 16 - 1  # x has no padding: padded tiles read its last tile (times zeros)
     base = 4 * lane
-    for kt in range(warp, packed.shape[1] // TILE_WORDS, WARPS * UNROLL):  # UNROLL tiles a trip
-        f0 = load_u32x4(packed, nt, kt * TILE_WORDS + base)
-        f1 = load_u32x4(packed, nt, (kt + WARPS) * TILE_WORDS + base)
-        f2 = load_u32x4(packed, nt, (kt + 2 * WARPS) * TILE_WORDS + base)
-        f3 = load_u32x4(packed, nt, (kt + 3 * WARPS) * TILE_WORDS + base)
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc)
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + WARPS, last), lane, f1, acc)
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * WARPS, last), lane, f2, acc)
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * WARPS, last), lane, f3, acc)
+    ktiles = packed.shape[1] // TILE_WORDS
+    slices = WARPS * ksplit  # slice v: tiles v, v + slices, ...; summed in slice order
+    stride = slices * UNROLL
     partial = cuda.shared.array((WARPS, 16, 32), float32)
-    for i in range(16):
-        partial[warp, i, lane] = acc[i]
-    cuda.syncthreads()
-    for e in range(cuda.threadIdx.x, 16 * 32, cuda.blockDim.x):
-        i, src = e // 32, e % 32  # accumulator i of lane src: group i // 4, register i % 4
-        tok = tok0 + 8 * (i // 4) + 2 * (src % 4) + (i % 2)
-        if tok < M:
-            s = partial[0, i, src]
-            for w in range(1, WARPS):
-                s += partial[w, i, src]
-            row = 16 * nt + src // 4 + 8 * ((i % 4) // 2)
-            if has_bias:
-                s += bias[row]
-            out[tok, row] = s
+    total = cuda.shared.array((16, 32), float32)
+    split = cuda.gridDim.z > 1  # one block per slice group, the last to finish sums them
+    c_lo = cuda.blockIdx.z if split else 0
+    for c in range(c_lo, c_lo + 1 if split else ksplit):
+        z = np.float32(0.0)
+        acc = (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
+        for kt in range(c * WARPS + warp, ktiles, stride):  # UNROLL tiles a trip
+            f0 = load_u32x4(packed, nt, kt * TILE_WORDS + base)
+            f1 = load_u32x4(packed, nt, (kt + slices) * TILE_WORDS + base)
+            f2 = load_u32x4(packed, nt, (kt + 2 * slices) * TILE_WORDS + base)
+            f3 = load_u32x4(packed, nt, (kt + 3 * slices) * TILE_WORDS + base)
+            acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc)
+            acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + slices, last), lane, f1, acc)
+            acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * slices, last), lane, f2,
+                        acc)  # fmt: skip
+            acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * slices, last), lane, f3,
+                        acc)  # fmt: skip
+        for i in range(16):
+            partial[warp, i, lane] = acc[i]
+        cuda.syncthreads()
+        if split:  # one group of 8 tokens (M <= 8): accumulators 0..3 only
+            for e in range(tid, WARPS * 4 * 32, nthreads):
+                w, i, src = e // 128, (e // 32) % 4, e % 32
+                parts[nt, c, w, i * 32 + src] = partial[w, i, src]
+        else:
+            _reduce_into(total, partial, c, tid, nthreads)
+        cuda.syncthreads()
+    if split:
+        flag = cuda.shared.array(1, int32)
+        cuda.threadfence()  # this block's partials are visible before it counts itself
+        if tid == 0:
+            done = cuda.atomic.add(counters, nt, 1)
+            flag[0] = done
+            if done == ksplit - 1:
+                counters[nt] = 0  # ready for the next launch
+        cuda.syncthreads()
+        if flag[0] != ksplit - 1:
+            return
+        cuda.threadfence()
+        for e in range(tid, 4 * 32, nthreads):
+            s = parts[nt, 0, 0, e]
+            for v in range(1, slices):
+                s += parts[nt, v // WARPS, v % WARPS, e]
+            _store(out, bias, has_bias, tok0, nt, M, e // 32, e % 32, s)
+    else:
+        for e in range(tid, 16 * 32, nthreads):
+            _store(out, bias, has_bias, tok0, nt, M, e // 32, e % 32, total[e // 32, e % 32])
 
 
 @cuda.jit(cache=True)
@@ -219,14 +306,34 @@ def pack_bf16(w, *, stream=0) -> PackedBF16:
     packed = cuda.device_array(packed_shape(n, k), np.uint32, stream=stream)
     total = packed.shape[0] * packed.shape[1]
     _pack_kernel[-(-total // PACK_THREADS), PACK_THREADS, stream](w, packed)
-    return PackedBF16(packed, n, k)
+    counters = cuda.to_device(np.zeros(n // 16, np.int32), stream=stream)
+    return PackedBF16(packed, n, k, ksplit_for(n, k), counters)
 
 
-def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, stream=0) -> None:
+def split_x(x, x_scratch, *, stream=0):
+    """x [M, K] (float32, K a multiple of 16) split into bf16 hi + lo in mma fragment order
+    (_pack_x_kernel) in x_scratch (uint32, at least x_scratch_words(M, K), 16-byte aligned);
+    returns the view xp [ceil(M / 8), 8 K] that linear_mma and gemm_mma read."""
+    check("split_x", "x", x, np.float32, 2)
+    check("split_x", "x_scratch", x_scratch, np.uint32, 1)
+    m, k = x.shape
+    words = x_scratch_words(m, k)
+    if x_scratch.shape[0] < words or not aligned(x_scratch, 16):
+        raise ValueError(f"split_x: x_scratch needs {words} words, 16-byte aligned")
+    xp = x_scratch[:words].reshape(words // (8 * k), 8 * k)
+    threads = xp.shape[0] * (k // 16) * 32
+    _pack_x_kernel[-(-threads // PACK_THREADS), PACK_THREADS, stream](x, xp)
+    return xp
+
+
+def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, split_scratch=None,
+               stream=0) -> None:  # fmt: skip
     """out[M, N] = x[M, K] @ W.T (+ bias[N]) for W packed by pack_bf16. Device arrays; out
     must not overlap x. With x_scratch (uint32, at least x_scratch_words(M, K)), steps of more
     than PREPACK_ABOVE tokens split x once into it first instead of once per tile of W in
-    every block: same values, same bits, far fewer instructions."""
+    every block: same values, same bits, far fewer instructions. With split_scratch (float32,
+    at least split_scratch_words(w)), steps of at most 8 tokens spread W's K over ksplit
+    blocks per row tile: same bits again, a fuller GPU."""
     check("linear_mma", "x", x, np.float32, 2)
     check("linear_mma", "out", out, np.float32, 2)
     m, k = x.shape
@@ -247,15 +354,17 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, stream=0) ->
     if not has_bias:
         bias = placeholder(np.float32)
     prepacked = x_scratch is not None and m > PREPACK_ABOVE
-    if prepacked:
-        check("linear_mma", "x_scratch", x_scratch, np.uint32, 1)
-        words = x_scratch_words(m, k)
-        if x_scratch.shape[0] < words or not aligned(x_scratch, 16):
-            raise ValueError(f"linear_mma: x_scratch needs {words} words, 16-byte aligned")
-        xp = x_scratch[:words].reshape(words // (8 * k), 8 * k)
-        threads = xp.shape[0] * (k // 16) * 32
-        _pack_x_kernel[-(-threads // PACK_THREADS), PACK_THREADS, stream](x, xp)
+    xp = split_x(x, x_scratch, stream=stream) if prepacked else placeholder(np.uint32, 2)
+    split = split_scratch is not None and m <= 8 and w.ksplit > 1 and w.counters is not None
+    if split:
+        check("linear_mma", "split_scratch", split_scratch, np.float32, 1)
+        words = split_scratch_words(w)
+        if split_scratch.shape[0] < words:
+            raise ValueError(f"linear_mma: split_scratch needs {words} words")
+        parts = split_scratch[:words].reshape(n // 16, w.ksplit, WARPS, 128)
     else:
-        xp = placeholder(np.uint32, 2)
-    grid = (-(-m // TOKENS), n // 16)
-    _linear_mma_kernel[grid, WARPS * 32, stream](x, xp, prepacked, packed, bias, has_bias, out)
+        parts = placeholder(np.float32, 4)
+    counters = w.counters if split else placeholder(np.int32)
+    grid = (-(-m // TOKENS), n // 16, w.ksplit if split else 1)
+    _linear_mma_kernel[grid, WARPS * 32, stream](x, xp, prepacked, packed, bias, has_bias, out,
+                                                 w.ksplit, parts, counters)  # fmt: skip

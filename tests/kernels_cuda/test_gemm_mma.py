@@ -1,0 +1,80 @@
+"""gemm_mma (operands shared through shared memory) against linear_mma, bit for bit, and the
+float64 reference; DeviceWeight.matmul's switch to it; bad shapes refused. Under the simulator
+the tiles are small (BLOCK_TILES x BLOCK_GROUPS of gemm_mma), so the shapes below still cover
+partial blocks in both directions, K tiles not a multiple of the residue count and padded K."""
+
+import numpy as np
+import pytest
+
+from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
+from tests.kernels_cuda.test_linear_mma import check_close
+from vtllm.executor.cuda_model import DeviceWeight
+from vtllm.kernels import QType
+from vtllm.kernels.cuda.gemm_mma import BLOCK_GROUPS, BLOCK_TILES, GEMM_ABOVE, gemm_mma
+from vtllm.kernels.cuda.linear_mma import WARPS as RESIDUES
+from vtllm.kernels.cuda.linear_mma import linear_mma, pack_bf16, split_x, x_scratch_words
+
+pytestmark = pytest.mark.cudasim
+
+ROWS, TOKENS = 16 * BLOCK_TILES, 8 * BLOCK_GROUPS  # one block's output tile
+# (N, K): a single tile (fewer K tiles than residues); a partial row block with K tiles not a
+# multiple of the residues; whole row blocks with K padded in W's packing
+SHAPES = [(16, 16), (ROWS + 16, 16 * (RESIDUES + 1)), (2 * ROWS, 16 * (3 * RESIDUES + 2))]
+if not SIMULATOR:
+    SHAPES += [(4096, 4096), (160, 14336), (6144 + 16, 4096 + 48)]
+# one token (a partial group); exactly one token tile; a partial tile and group past one
+MS = [1, TOKENS, TOKENS + 9] + ([] if SIMULATOR else [3 * TOKENS + 1, 1000])
+
+
+def run_both(x, w, bias):
+    """(gemm_mma's out, linear_mma's out) for x (host) and packed w, on the same split of x."""
+    m, k = x.shape
+    scratch = dev(np.full(x_scratch_words(m, k) + 5, 0xFFFFFFFF, np.uint32))
+    b = None if bias is None else dev(bias)
+    xd = dev(x)
+    ours, theirs = poisoned((m, w.n)), poisoned((m, w.n))
+    gemm_mma(split_x(xd, scratch), w, ours, bias=b)
+    linear_mma(xd, w, theirs, bias=b, x_scratch=scratch)
+    return host(ours), host(theirs)
+
+
+@pytest.mark.parametrize("m", MS)
+def test_same_bits_as_linear_mma(rng, m):
+    for i, (n, k) in enumerate(SHAPES):
+        w_bits = random_weight(rng, QType.BF16, n, k)
+        w = pack_bf16(dev(w_bits))
+        x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+        x[m // 2, : k // 2] = 0.0  # zero products, signed zeros
+        x[m // 2, k // 2 :] = -0.0
+        bias = rng.standard_normal(n).astype(np.float32) if (i + m) % 2 else None
+        ours, theirs = run_both(x, w, bias)
+        assert not np.isnan(ours).any(), f"unwritten outputs, shape {i}"
+        np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+        check_close(ours, x, w_bits, bias)
+
+
+def test_device_weight_switches_at_gemm_above(rng):
+    """matmul: below GEMM_ABOVE tokens linear_mma, from it on gemm_mma; the same bits either
+    way, so a token's row does not depend on which kernel its step ran."""
+    n, k = SHAPES[0]
+    w_bits = random_weight(rng, QType.BF16, n, k)
+    dw = DeviceWeight(pack_bf16(dev(w_bits)), int(QType.BF16), packed=True)
+    x = rng.standard_normal((GEMM_ABOVE, k)).astype(np.float32)
+    scratch = dev(np.zeros(x_scratch_words(*x.shape), np.uint32))
+    full = poisoned((GEMM_ABOVE, n))
+    dw.matmul(dev(x), full, x_scratch=scratch)
+    part = poisoned((GEMM_ABOVE - 1, n))
+    dw.matmul(dev(x[1:]), part, x_scratch=scratch)
+    np.testing.assert_array_equal(host(part), host(full)[1:])
+    check_close(host(full), x, w_bits)
+
+
+def test_bad_shapes_are_refused(rng):
+    w = pack_bf16(dev(random_weight(rng, QType.BF16, 16, 32)))
+    xp = dev(np.zeros((1, 8 * 32), np.uint32))
+    with pytest.raises(ValueError, match="does not fit"):
+        gemm_mma(xp, w, dev(np.zeros((3, 32), np.float32)))
+    with pytest.raises(ValueError, match="xp must have shape"):
+        gemm_mma(xp, w, dev(np.zeros((9, 16), np.float32)))  # 9 tokens: two groups
+    with pytest.raises(ValueError, match="bias"):
+        gemm_mma(xp, w, dev(np.zeros((3, 16), np.float32)), bias=dev(np.zeros(8, np.float32)))

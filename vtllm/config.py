@@ -71,6 +71,15 @@ KNOBS = (
         0.01,
         0.95,
     ),
+    Knob(
+        "kv_cache_resident_memory",
+        "bytes",
+        0,
+        "CPU: KV bytes written before cached prefixes are evicted for room (0: what llama.cpp "
+        "commits for max-num-seqs x max-model-len tokens, f16)",
+        0,
+        1 << 50,
+    ),
     Knob("block_size", "int", 16, "tokens per KV cache block", 1, 1024),
     Knob("enable_prefix_caching", "bool", True, "reuse KV blocks of shared prompt prefixes"),
     Knob("async_depth", "int", 2, "steps in flight: 1 synchronous, 2 overlapped", 1, 2),
@@ -184,6 +193,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_num_batched_tokens: int = 2048
     kv_cache_memory: int = 0
     kv_cache_fraction: float = 0.2
+    kv_cache_resident_memory: int = 0
     block_size: int = 16
     enable_prefix_caching: bool = True
     async_depth: int = 2

@@ -3,13 +3,16 @@
 # GGUF file, thread count and slot count, with the same bench_serve workload, in one run:
 # for each concurrency C, start vtllm, benchmark it, stop it, then the same for llama-server.
 # Both get a fresh process per C with C slots (vtllm --max-num-seqs C, llama-server --parallel C)
-# and 4096 tokens of context per slot (vtllm's default --max-model-len).
+# and MAX_MODEL_LEN tokens of context per slot (default 4096, vtllm's default --max-model-len).
 #
 #   flock -x /tmp/vtllm-cpu.lock bash loadtest/peers/compare_servers.sh
 #
 # Environment: THREADS (2), CONCURRENCY ("1 4 16"), OUT (/tmp/compare_servers),
 # LLAMA_SERVER (.peers-build/build/bin/llama-server), VT_ENV (extra VT_* settings for vtllm,
-# e.g. "VT_CPU_NUMERICS=fast"; the run's name gets it as a suffix via VT_TAG).
+# e.g. "VT_CPU_NUMERICS=fast"; the run's name gets it as a suffix via VT_TAG), NUM_PROMPTS
+# (measured requests per C; default 16 at C=1, else max(32, 4C); a long run, e.g. 512, shows
+# whether a server's RSS climbs as distinct prompts pass through it), MAX_MODEL_LEN (context
+# per slot for both servers, 4096).
 # Afterwards: python loadtest/peers/compare_table.py $OUT prints the table with ratios, and
 # each server's peak RSS (VmHWM, saved as $OUT/<run>_c<C>.rss) where those files exist.
 set -euo pipefail
@@ -22,6 +25,7 @@ CONCURRENCY=${CONCURRENCY:-1 4 16}
 OUT=${OUT:-/tmp/compare_servers}
 VT_ENV=${VT_ENV:-}
 VT_TAG=${VT_TAG:-vtllm}
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
 PORT_VT=${PORT_VT:-8091}
 PORT_LL=${PORT_LL:-8092}
 [ -x "$LLAMA_SERVER" ] || { echo "compare_servers: no $LLAMA_SERVER (make peer-llama-server)" >&2; exit 2; }
@@ -50,7 +54,7 @@ wait_ready() {  # url pid
 bench() {  # name url concurrency [bench_serve flags]
   local name=$1 url=$2 c=$3 n
   shift 3
-  n=$(( c == 1 ? 16 : 4 * c < 32 ? 32 : 4 * c ))
+  n=${NUM_PROMPTS:-$(( c == 1 ? 16 : 4 * c < 32 ? 32 : 4 * c ))}
   echo "== $name c=$c ($n prompts, $(uptime | sed 's/.*load/load/'))"
   $PY loadtest/bench_serve.py --base-url "$url" "${BENCH[@]}" "$@" --num-prompts "$n" \
     --warmup "$(( c < 2 ? 2 : c ))" --max-concurrency "$c" --save-json "$OUT/${name}_c$c.json" \
@@ -76,7 +80,8 @@ peak_rss() {  # pid name concurrency
 
 for c in $CONCURRENCY; do
   env $VT_ENV $PY -m vtllm serve --model "$MODEL" --port "$PORT_VT" --cpu-threads "$THREADS" \
-    --max-num-seqs "$c" --max-model-len 4096 --log-level warning > "$OUT/${VT_TAG}_c$c.log" 2>&1 &
+    --max-num-seqs "$c" --max-model-len "$MAX_MODEL_LEN" --log-level warning \
+    > "$OUT/${VT_TAG}_c$c.log" 2>&1 &
   pid=$!
   if wait_ready "http://127.0.0.1:$PORT_VT" $pid; then bench "$VT_TAG" "http://127.0.0.1:$PORT_VT" "$c"
   else echo "vtllm did not start (see $OUT/${VT_TAG}_c$c.log)" >&2; fi
@@ -85,7 +90,7 @@ for c in $CONCURRENCY; do
 
   [ -n "${SKIP_PEER:-}" ] && continue
   "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT_LL" -t "$THREADS" -tb "$THREADS" \
-    --parallel "$c" --ctx-size $(( 4096 * c )) --cont-batching --no-webui \
+    --parallel "$c" --ctx-size $(( MAX_MODEL_LEN * c )) --cont-batching --no-webui \
     > "$OUT/llamacpp_c$c.log" 2>&1 &
   pid=$!
   # llama-server puts the usage on the finish_reason chunk of /v1/completions streams (not on a

@@ -7,7 +7,12 @@ import time
 from vtllm.config import EngineConfig
 from vtllm.errors import InvalidParameter
 from vtllm.executor.backend import CpuBackend
-from vtllm.executor.kv_cache import allocate_kv_cache, free_host_memory, num_kv_blocks
+from vtllm.executor.kv_cache import (
+    allocate_kv_cache,
+    free_host_memory,
+    num_kv_blocks,
+    resident_kv_blocks,
+)
 from vtllm.executor.runner import ModelRunner
 from vtllm.models.loader import LoadedModel, load_model
 from vtllm.scheduler.config import SchedulerConfig
@@ -31,10 +36,12 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
     loaded = loaded or load_model(config.model)
     mc = loaded.config
     max_model_len = min(config.max_model_len, mc.max_position_embeddings)
+    resident_blocks = 0  # the GPU cache is allocated up front: no cap on what stays cached
     if config.device == "cuda":
         backend, num_blocks = _cuda_backend(config, loaded, max_model_len)
     else:
         backend, num_blocks = _cpu_backend(config, loaded, max_model_len)
+        resident_blocks = _cpu_resident_blocks(config, loaded, max_model_len, num_blocks)
     scheduler = Scheduler(
         SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
@@ -43,6 +50,7 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
             block_size=config.block_size,
             num_blocks=num_blocks,
             enable_prefix_caching=config.enable_prefix_caching,
+            resident_blocks=resident_blocks,
             eos_token_ids=mc.eos_token_ids,
         )
     )
@@ -74,6 +82,23 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
         loaded, ops, kv, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len
     )
     return CpuBackend(runner, threads=threads), num_blocks
+
+
+def _cpu_resident_blocks(
+    config: EngineConfig, loaded: LoadedModel, max_model_len: int, num_blocks: int
+) -> int:
+    """The block pool's resident cap (0: none) on the CPU, where KV pages commit as written."""
+    cap = resident_kv_blocks(
+        loaded.config,
+        block_size=config.block_size,
+        budget_bytes=config.kv_cache_resident_memory,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+    )
+    if cap >= num_blocks - 1:
+        return 0
+    log.info("KV cache: cached prefixes evicted past %d resident blocks", cap)
+    return cap
 
 
 def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):

@@ -43,6 +43,26 @@ def num_kv_blocks(
     return int(blocks)
 
 
+def resident_kv_blocks(
+    config: ModelConfig,
+    *,
+    block_size: int,
+    budget_bytes: int,
+    max_num_seqs: int,
+    max_model_len: int,
+) -> int:
+    """Blocks the CPU KV cache may commit before cached prefixes are evicted for room.
+
+    The cache is committed page by page as it is written (_lazy_zeros), so this bounds the RSS
+    that the prefix cache keeps; requests that need more still get the whole budget. Default
+    (budget_bytes 0): the bytes llama.cpp's server commits at start for the same slots and
+    context, f16 K and V for max_num_seqs x max_model_len tokens (half as many of our float32
+    tokens), so a long-lived server stays in the range a llama.cpp user expects."""
+    per_token_f16 = bytes_per_block(config, 1, itemsize=2)
+    budget = budget_bytes or max_num_seqs * max_model_len * per_token_f16
+    return max(1, budget // bytes_per_block(config, block_size))
+
+
 def _lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     """float32 zeros whose memory is committed page by page as it is first written, in 4 KiB
     pages. np.zeros asks for transparent huge pages on large arrays, and then the first token

@@ -10,6 +10,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     block_size: int = 16  # tokens per KV-cache block
     num_blocks: int = 1024  # KV-cache blocks, block 0 included (reserved as the null block)
     enable_prefix_caching: bool = True
+    # Blocks handed out before cached prefixes are evicted for room (0: no cap; see BlockPool).
+    resident_blocks: int = 0
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):

@@ -32,7 +32,12 @@ _order = attrgetter("order")
 class Scheduler:
     def __init__(self, config: SchedulerConfig):
         self.config = config
-        self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.pool = BlockPool(
+            config.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            resident_cap=config.resident_blocks or None,
+        )
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: list[Request] = []  # WAITING and PREEMPTED, sorted by (priority, arrival)
         self.running: list[Request] = []  # RUNNING, same order: the tail is preempted first

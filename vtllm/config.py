@@ -76,7 +76,7 @@ KNOBS = (
         "bytes",
         0,
         "CPU: KV bytes written before cached prefixes are evicted for room (0: what llama.cpp "
-        "commits for max-num-seqs x max-model-len tokens, f16)",
+        "commits for min(max-num-seqs, 4) x max-model-len tokens, f16)",
         0,
         1 << 50,
     ),

@@ -43,6 +43,9 @@ def num_kv_blocks(
     return int(blocks)
 
 
+DEFAULT_RESIDENT_SLOTS = 4  # llama.cpp server's slots when --parallel is not given
+
+
 def resident_kv_blocks(
     config: ModelConfig,
     *,
@@ -55,11 +58,14 @@ def resident_kv_blocks(
 
     The cache is committed page by page as it is written (_lazy_zeros), so this bounds the RSS
     that the prefix cache keeps; requests that need more still get the whole budget. Default
-    (budget_bytes 0): the bytes llama.cpp's server commits at start for the same slots and
-    context, f16 K and V for max_num_seqs x max_model_len tokens (half as many of our float32
-    tokens), so a long-lived server stays in the range a llama.cpp user expects."""
+    (budget_bytes 0): the bytes llama.cpp's server commits at start for the same context and
+    slots, up to its default of DEFAULT_RESIDENT_SLOTS: f16 K and V for min(max_num_seqs, 4) x
+    max_model_len tokens (half as many of our float32 tokens), so a long-lived server stays in
+    the range a llama.cpp user expects, also with our 64 default slots (5.6 GiB on the default
+    model with all 64 counted)."""
     per_token_f16 = bytes_per_block(config, 1, itemsize=2)
-    budget = budget_bytes or max_num_seqs * max_model_len * per_token_f16
+    slots = min(max_num_seqs, DEFAULT_RESIDENT_SLOTS)
+    budget = budget_bytes or slots * max_model_len * per_token_f16
     return max(1, budget // bytes_per_block(config, block_size))
 
 

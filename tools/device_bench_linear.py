@@ -1,7 +1,7 @@
 # ruff: noqa: E501
 """Linear kernels against torch on the same shapes, on the GPU machine (after .device/bootstrap.sh):
     python3 tools/device_bench_linear.py [--ms 1,2,4,8,16,32,64] [--prefill 1024] [--variant F]
-    python3 tools/device_bench_linear.py --gemm [--gemm-ms 128,512,1024,4096]
+    python3 tools/device_bench_linear.py --gemm [--gemm-ms 128,512,1024,4096] [--shapes ...]
 Ours: the tensor-core kernel on packed bf16 W (linear_mma) and the GEMV kernel (linear, bf16
 bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a CUDA graph of
 20 back-to-back launches replayed 5 times, median per launch (no Python launch cost in it).
@@ -22,7 +22,7 @@ from vtllm.executor.cuda_graphs import CudaGraph
 from vtllm.kernels import QType
 from vtllm.kernels.cuda import linear
 from vtllm.kernels.cuda import linear_mma as default_module
-from vtllm.kernels.cuda.gemm_mma import gemm_mma
+from vtllm.kernels.cuda.gemm_mma import gemm_mma, gemm_pays
 
 SHAPES = {  # name: (N, K)
     "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096),
@@ -75,7 +75,7 @@ def bench_gemm(ms, shapes):
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
-        f"{'shape':14s} {'M':>5s} {'gemm us':>8s} {'TFLOP/s':>7s} {'alone us':>8s} {'mma us':>8s} {'TFLOP/s':>7s} {'torch us':>8s} {'TFLOP/s':>7s} {'torch/gemm':>10s} {'bits':>6s}"
+        f"{'shape':14s} {'M':>5s} {'gemm us':>8s} {'TFLOP/s':>7s} {'alone us':>8s} {'mma us':>8s} {'TFLOP/s':>7s} {'torch us':>8s} {'TFLOP/s':>7s} {'torch/gemm':>10s} {'bits':>6s} {'pays':>5s}"
     )
     for name in shapes:
         n, k = SHAPES[name]
@@ -115,7 +115,7 @@ def bench_gemm(ms, shapes):
             peer = torch_us(lambda xt=xt, wt=wt: torch.nn.functional.linear(xt, wt))
             tf = 2 * m * n * k / 1e6
             print(
-                f"{name:14s} {m:5d} {ours:8.1f} {tf / ours:7.1f} {alone:8.1f} {mma:8.1f} {tf / mma:7.1f} {peer:8.1f} {tf / peer:7.1f} {peer / ours:10.2f} {bad:6d}"
+                f"{name:14s} {m:5d} {ours:8.1f} {tf / ours:7.1f} {alone:8.1f} {mma:8.1f} {tf / mma:7.1f} {peer:8.1f} {tf / peer:7.1f} {peer / ours:10.2f} {bad:6d} {gemm_pays(m, n)!s:>5s}"
             )
             del x, out, ref, xs
         del packed, wt
@@ -133,8 +133,7 @@ def main():
     p.add_argument("--gemm-ms", default="128,512,1024,4096")
     args = p.parse_args()
     if args.gemm:
-        shapes = [s for s in args.shapes.split(",") if s.startswith("8B")]
-        bench_gemm([int(m) for m in args.gemm_ms.split(",")], shapes)
+        bench_gemm([int(m) for m in args.gemm_ms.split(",")], args.shapes.split(","))
         return
     mod = default_module
     if args.variant:
@@ -153,18 +152,14 @@ def main():
         wt = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
         w_bits = cuda.as_cuda_array(wt.view(torch.int16)).view(np.uint16)
         packed = mod.pack_bf16(w_bits, stream=stream)
-        kw = {}  # one-token steps spread K over blocks where the module can (split_scratch)
-        if hasattr(mod, "split_scratch_words"):
-            kw["split_scratch"] = cuda.device_array(max(1, mod.split_scratch_words(packed)), np.float32)
-        print(f"{name}: ksplit {getattr(packed, 'ksplit', 1)}")
         stream.synchronize()
         for m in ms:
             x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32), stream=stream)
             out = cuda.device_array((m, n), np.float32, stream=stream)
             xs = cuda.device_array(mod.x_scratch_words(m, k), np.uint32, stream=stream)
 
-            def ours_fn(x=x, p=packed, o=out, xs=xs, kw=kw):
-                mod.linear_mma(x, p, o, x_scratch=xs, stream=stream, **kw)
+            def ours_fn(x=x, p=packed, o=out, xs=xs):
+                mod.linear_mma(x, p, o, x_scratch=xs, stream=stream)
 
             ours = numba_us(stream, ours_fn)
             gemv = ""

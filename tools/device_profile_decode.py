@@ -102,14 +102,14 @@ def main():
     inp = runner._inputs(views)
     rows = [
         ("rms_norm (+residual)", 2 * n, lambda: ops.rms_norm(h, lay.ffn_norm, 1e-6, x, residual=m.residual[:B], stream=s)),
-        ("linear qkv", n, lambda: lay.qkv.matmul(x, qkv, x_scratch=m.x_scratch, split_scratch=m.split_scratch, stream=s)),
-        ("linear o", n, lambda: lay.o.matmul(m.attn[:B].reshape(B, c.q_size), h, x_scratch=m.x_scratch, split_scratch=m.split_scratch, stream=s)),
-        ("linear gate_up", n, lambda: lay.gate_up.matmul(x, m.gate_up[:B], x_scratch=m.x_scratch, split_scratch=m.split_scratch, stream=s)),
-        ("linear down", n, lambda: lay.down.matmul(m.act[:B], h, x_scratch=m.x_scratch, split_scratch=m.split_scratch, stream=s)),
+        ("linear qkv", n, lambda: lay.qkv.matmul(x, qkv, x_scratch=m.x_scratch, stream=s)),
+        ("linear o", n, lambda: lay.o.matmul(m.attn[:B].reshape(B, c.q_size), h, x_scratch=m.x_scratch, stream=s)),
+        ("linear gate_up", n, lambda: lay.gate_up.matmul(x, m.gate_up[:B], x_scratch=m.x_scratch, stream=s)),
+        ("linear down", n, lambda: lay.down.matmul(m.act[:B], h, x_scratch=m.x_scratch, stream=s)),
         ("silu_and_mul", n, lambda: ops.silu_and_mul(m.gate_up[:B], m.act[:B], stream=s)),
         ("qkv_rope (+q/k norm)", n, lambda: qkv_rope(qkv, m.q[:B], m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)),
         ("paged_attention", n, lambda: ops.paged_attention(m.q[:B], m.kv_k[0], m.kv_v[0], inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], scratch=m.attn_scratch, stream=s)),
-        ("lm_head", 1, lambda: m.lm_head.matmul(m.final[:B], m.logits[:B], x_scratch=m.x_scratch, split_scratch=m.split_scratch, stream=s)),
+        ("lm_head", 1, lambda: m.lm_head.matmul(m.final[:B], m.logits[:B], x_scratch=m.x_scratch, stream=s)),
         ("sample (greedy)", 1, lambda: runner._sample(m.logits[:B], views, B)),
     ]  # fmt: skip
     total = 0.0

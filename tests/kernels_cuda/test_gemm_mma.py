@@ -10,16 +10,32 @@ from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_we
 from tests.kernels_cuda.test_linear_mma import check_close
 from vtllm.executor.cuda_model import DeviceWeight
 from vtllm.kernels import QType
-from vtllm.kernels.cuda.gemm_mma import BLOCK_GROUPS, BLOCK_TILES, GEMM_ABOVE, gemm_mma
+from vtllm.kernels.cuda.gemm_mma import (
+    BLOCK_GROUPS,
+    BLOCK_TILES,
+    GEMM_ABOVE,
+    GEMM_MIN_BLOCKS,
+    gemm_mma,
+    gemm_pays,
+)
+from vtllm.kernels.cuda.linear_mma import (
+    UNROLL,
+    WIDE_WARPS,
+    linear_mma,
+    pack_bf16,
+    split_x,
+    x_scratch_words,
+)
 from vtllm.kernels.cuda.linear_mma import WARPS as RESIDUES
-from vtllm.kernels.cuda.linear_mma import linear_mma, pack_bf16, split_x, x_scratch_words
 
 pytestmark = pytest.mark.cudasim
 
 ROWS, TOKENS = 16 * BLOCK_TILES, 8 * BLOCK_GROUPS  # one block's output tile
 # (N, K): a single tile (fewer K tiles than residues); a partial row block with K tiles not a
-# multiple of the residues; whole row blocks with K padded in W's packing
+# multiple of the residues; whole row blocks with K padded in W's packing; a narrow W with a
+# long K (WIDE_WARPS residues in linear_mma)
 SHAPES = [(16, 16), (ROWS + 16, 16 * (RESIDUES + 1)), (2 * ROWS, 16 * (3 * RESIDUES + 2))]
+SHAPES += [(32, 16 * (WIDE_WARPS * UNROLL + 3))]
 if not SIMULATOR:
     SHAPES += [(4096, 4096), (160, 14336), (6144 + 16, 4096 + 48)]
 # one token (a partial group); exactly one token tile; a partial tile and group past one
@@ -53,19 +69,22 @@ def test_same_bits_as_linear_mma(rng, m):
         check_close(ours, x, w_bits, bias)
 
 
-def test_device_weight_switches_at_gemm_above(rng):
-    """matmul: below GEMM_ABOVE tokens linear_mma, from it on gemm_mma; the same bits either
-    way, so a token's row does not depend on which kernel its step ran."""
+def test_device_weight_switches_where_gemm_pays(rng):
+    """matmul: linear_mma for steps gemm_pays refuses, gemm_mma for the others; the same bits
+    either way, so a token's row does not depend on which kernel its step ran."""
     n, k = SHAPES[0]
+    m = GEMM_ABOVE + 8 * BLOCK_GROUPS * GEMM_MIN_BLOCKS  # enough block tiles at any n
+    assert gemm_pays(m, n) and not gemm_pays(GEMM_ABOVE - 1, n)
     w_bits = random_weight(rng, QType.BF16, n, k)
     dw = DeviceWeight(pack_bf16(dev(w_bits)), int(QType.BF16), packed=True)
-    x = rng.standard_normal((GEMM_ABOVE, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
     scratch = dev(np.zeros(x_scratch_words(*x.shape), np.uint32))
-    full = poisoned((GEMM_ABOVE, n))
+    full = poisoned((m, n))
     dw.matmul(dev(x), full, x_scratch=scratch)
-    part = poisoned((GEMM_ABOVE - 1, n))
-    dw.matmul(dev(x[1:]), part, x_scratch=scratch)
-    np.testing.assert_array_equal(host(part), host(full)[1:])
+    rows = [3, 0, m - 1]
+    part = poisoned((len(rows), n))
+    dw.matmul(dev(x[rows]), part, x_scratch=scratch)
+    np.testing.assert_array_equal(host(part), host(full)[rows])
     check_close(host(full), x, w_bits)
 
 

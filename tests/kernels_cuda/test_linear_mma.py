@@ -9,24 +9,27 @@ import pytest
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from vtllm.kernels import QType
 from vtllm.kernels.cpu.quant import dequantize
-from vtllm.kernels.cuda import linear_mma as linear_mma_module
 from vtllm.kernels.cuda.linear_mma import (
     PREPACK_ABOVE,
     TOKENS,
     UNROLL,
     WARPS,
+    WIDE_WARPS,
     linear_mma,
     pack_bf16,
     packed_shape,
-    split_scratch_words,
     x_scratch_words,
 )
 from vtllm.kernels.reference import linear_ref
 
 pytestmark = pytest.mark.cudasim
 
-# (N, K): one tile; K tiles not a multiple of WARPS x 4 (padded tiles); several row tiles
-SHAPES = [(16, 16), (32, 48 * WARPS)] + ([] if SIMULATOR else [(4096, 4096), (160, 14336)])
+# (N, K): one tile; K tiles not a multiple of WARPS x 4 (padded tiles); several row tiles; a
+# narrow W with a long K, which takes WIDE_WARPS warps per block (padded K too)
+WIDE = (32, 16 * (WIDE_WARPS * UNROLL + 3))
+SHAPES = [(16, 16), (32, 48 * WARPS), WIDE]
+if not SIMULATOR:  # 8B down, 0.6B down (wide); 8B o, 0.6B qkv; a few rows with a long K
+    SHAPES += [(4096, 14336), (1024, 3072), (4096, 4096), (4096, 1024), (160, 14336)]
 MS = [1, 9] + ([] if SIMULATOR else [TOKENS, TOKENS + 3, 200])
 
 
@@ -75,11 +78,17 @@ def test_packed_layout_is_the_mma_fragment_order(rng):
                 assert word >> 16 == w[r, 16 * kt + c + 1]
 
 
-def test_a_token_gets_the_same_bits_in_any_batch(rng):
+def test_narrow_long_matrices_take_wide_blocks(rng):
+    assert pack_bf16(dev(random_weight(rng, QType.BF16, *WIDE))).slices == WIDE_WARPS
+    assert pack_bf16(dev(random_weight(rng, QType.BF16, *SHAPES[1]))).slices == WARPS
+
+
+@pytest.mark.parametrize("shape", [SHAPES[1], WIDE])
+def test_a_token_gets_the_same_bits_in_any_batch(rng, shape):
     """Decode of one token, a batch, and a prefill-sized step, x split in the kernel or
     beforehand into the scratch: the row of a token is bitwise the same (the depth-2 law
     needs it)."""
-    n, k = SHAPES[1]
+    n, k = shape
     w = packed(random_weight(rng, QType.BF16, n, k))
     x = (rng.standard_normal((2 * TOKENS + 5, k))).astype(np.float32)
     scratch = dev(np.zeros(x_scratch_words(*x.shape), np.uint32))
@@ -92,31 +101,6 @@ def test_a_token_gets_the_same_bits_in_any_batch(rng):
             sub = poisoned((len(rows), n))
             linear_mma(dev(x[rows]), w, sub, x_scratch=scratch if use_scratch else None)
             np.testing.assert_array_equal(host(sub), full[rows])
-
-
-def test_split_k_steps_give_the_same_bits(rng, monkeypatch):
-    """A narrow matrix gets ksplit > 1: one-token steps with the split scratch spread its K
-    over several blocks per row tile and the last one adds the slices' partials; the bits are
-    those of the one-block path and of the token inside a large batch, launch after launch
-    (the arrival counters are back at zero after each)."""
-    monkeypatch.setattr(linear_mma_module, "SPLIT_TARGET", 1024)
-    n, k = 32, 16 * WARPS * UNROLL * 3  # two row tiles, three rounds of the loop
-    w = packed(random_weight(rng, QType.BF16, n, k))
-    assert w.ksplit == 3
-    x = (rng.standard_normal((TOKENS + 3, k))).astype(np.float32)
-    bias = dev(rng.standard_normal(n).astype(np.float32))
-    xs = dev(np.zeros(x_scratch_words(*x.shape), np.uint32))
-    ss = dev(np.full(split_scratch_words(w), np.nan, np.float32))
-    full = poisoned(x.shape[0:1] + (n,))
-    linear_mma(dev(x), w, full, bias=bias, x_scratch=xs, split_scratch=ss)  # M > 8: no split
-    full = host(full)
-    check_close(full, x, host_bits(w, n, k), host(bias))
-    for rows in ([0], [4, 1, 7], list(range(8)), [TOKENS + 2]):
-        for scratch in (None, ss, ss):
-            sub = poisoned((len(rows), n))
-            linear_mma(dev(x[rows]), w, sub, bias=bias, split_scratch=scratch)
-            np.testing.assert_array_equal(host(sub), full[rows])
-    assert not host(w.counters).any(), "arrival counters left set"
 
 
 def host_bits(w, n, k):

@@ -15,12 +15,11 @@ from vtllm.kernels import QType
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda.attention_split import make_scratch
 from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
-from vtllm.kernels.cuda.gemm_mma import GEMM_ABOVE, gemm_mma
+from vtllm.kernels.cuda.gemm_mma import gemm_mma, gemm_pays
 from vtllm.kernels.cuda.linear_mma import (
     linear_mma,
     pack_bf16,
     packable,
-    split_scratch_words,
     split_x,
     x_scratch_words,
 )
@@ -36,15 +35,14 @@ class DeviceWeight:
     qtype: int
     packed: bool = False  # bf16 in mma fragment order (kernels/cuda/linear_mma)
 
-    def matmul(self, x, out, *, bias=None, x_scratch=None, split_scratch=None, stream=0) -> None:
-        """out = x @ W.T (+ bias); x_scratch, split_scratch: see linear_mma. Steps of GEMM_ABOVE
-        tokens or more go to gemm_mma (same bits, operands reused through shared memory)."""
-        if self.packed and x_scratch is not None and x.shape[0] >= GEMM_ABOVE:
+    def matmul(self, x, out, *, bias=None, x_scratch=None, stream=0) -> None:
+        """out = x @ W.T (+ bias); x_scratch: see linear_mma. Steps that gemm_pays for go to
+        gemm_mma (same bits, operands reused through shared memory)."""
+        if self.packed and x_scratch is not None and gemm_pays(x.shape[0], out.shape[1]):
             xp = split_x(x, x_scratch, stream=stream)
             gemm_mma(xp, self.data, out, bias=bias, stream=stream)
         elif self.packed:
-            linear_mma(x, self.data, out, bias=bias, x_scratch=x_scratch,
-                       split_scratch=split_scratch, stream=stream)  # fmt: skip
+            linear_mma(x, self.data, out, bias=bias, x_scratch=x_scratch, stream=stream)
         else:
             ops.linear(x, self.data, self.qtype, out, bias=bias, stream=stream)
 
@@ -154,9 +152,6 @@ class CudaForward:
         self.logits = buf(n, c.vocab_size)
         widest = max(c.hidden_size, c.q_size, c.intermediate_size)
         self.x_scratch = buf(x_scratch_words(n, widest), dtype=np.uint32)  # x split for mma
-        # one-token steps spread the K of narrow matrices over blocks through this scratch
-        split_words = max([split_scratch_words(w.data) for w in self._weights() if w.packed] + [1])
-        self.split_scratch = buf(split_words)
         # split-key attention spreads rows of steps up to max_decode_rows tokens over blocks
         self.attn_scratch = make_scratch(max_decode_rows, c.num_heads, c.head_dim, max_positions,
                                          stream=stream)  # fmt: skip
@@ -180,7 +175,7 @@ class CudaForward:
         eps = c.rms_norm_eps
         ids, residual, x, h = self.input_ids[:T], self.residual[:T], self.x[:T], self.h[:T]
         qkv, attn, gate_up, act = self.qkv[:T], self.attn[:T], self.gate_up[:T], self.act[:T]
-        q, xs, ss = self.q[:T], self.x_scratch, self.split_scratch
+        q, xs = self.q[:T], self.x_scratch
         gather_tokens(token_ids_dev, inputs.token_slots, inputs.positions, ids, stream=s)
         ops.embedding(ids, self.embed.data, self.embed.qtype, residual, stream=s)
         for i, layer in enumerate(self.layers):
@@ -188,22 +183,22 @@ class CudaForward:
                 ops.rms_norm(residual, layer.attn_norm, eps, x, stream=s)
             else:  # residual += h (last MLP output), x = norm(residual)
                 ops.rms_norm(h, layer.attn_norm, eps, x, residual=residual, stream=s)
-            layer.qkv.matmul(x, qkv, bias=layer.qkv_bias, x_scratch=xs, split_scratch=ss, stream=s)
+            layer.qkv.matmul(x, qkv, bias=layer.qkv_bias, x_scratch=xs, stream=s)
             norms = {"q_norm": layer.q_norm, "k_norm": layer.k_norm}
             qkv_rope(qkv, q, self.kv_k[i], self.kv_v[i], inputs.slot_mapping, inputs.positions,
                      self.cos_sin, eps, **norms, stream=s)  # fmt: skip
             ops.paged_attention(q, self.kv_k[i], self.kv_v[i], inputs.block_tables,
                                 inputs.seq_lens, inputs.query_start_loc, self.scale, attn,
                                 scratch=self.attn_scratch, stream=s)  # fmt: skip
-            layer.o.matmul(attn.reshape(T, c.q_size), h, x_scratch=xs, split_scratch=ss, stream=s)
+            layer.o.matmul(attn.reshape(T, c.q_size), h, x_scratch=xs, stream=s)
             ops.rms_norm(h, layer.ffn_norm, eps, x, residual=residual, stream=s)
-            layer.gate_up.matmul(x, gate_up, x_scratch=xs, split_scratch=ss, stream=s)
+            layer.gate_up.matmul(x, gate_up, x_scratch=xs, stream=s)
             ops.silu_and_mul(gate_up, act, stream=s)
-            layer.down.matmul(act, h, x_scratch=xs, split_scratch=ss, stream=s)
+            layer.down.matmul(act, h, x_scratch=xs, stream=s)
         final_h, final_res, final = self.final_h[:R], self.final_res[:R], self.final[:R]
         gather_rows(h, inputs.logits_rows, final_h, stream=s)
         gather_rows(residual, inputs.logits_rows, final_res, stream=s)
         ops.rms_norm(final_h, self.final_norm, eps, final, residual=final_res, stream=s)
         logits = self.logits[:R]
-        self.lm_head.matmul(final, logits, x_scratch=xs, split_scratch=ss, stream=s)
+        self.lm_head.matmul(final, logits, x_scratch=xs, stream=s)
         return logits

@@ -51,7 +51,13 @@ A_REGS = 4 * WT_M  # one warp's A fragments
 ACCS = 4 * WT_M * WT_N  # accumulators per thread, in p and in S
 COPIES = STAGE_WORDS // 4 // THREADS  # 16-byte copies per thread per stage
 assert COPIES * THREADS * 4 == STAGE_WORDS and STAGES >= 2
-GEMM_ABOVE = 64  # tokens: from here DeviceWeight.matmul takes this kernel over linear_mma
+# DeviceWeight.matmul takes this kernel over linear_mma from GEMM_ABOVE tokens, and only when
+# the step has GEMM_MIN_BLOCKS block tiles or more: one block fills an SM and walks all of K,
+# so a small grid leaves SMs idle (8B qkv at M = 64, 48 blocks: 191 us here, 48 us in
+# linear_mma). Measured on the H200 at M = 64 .. 1024 on the 8B and 0.6B shapes
+# (tools/device_bench_linear.py --gemm), this rule picks the faster kernel or one within 3%.
+GEMM_ABOVE = 128
+GEMM_MIN_BLOCKS = 2 if SIMULATOR else 128
 _REGISTERS = {} if SIMULATOR else {"max_registers": 255}
 _wait_stage = copy_async_waiter(STAGES - 2)  # the oldest stage in flight has landed
 
@@ -155,6 +161,12 @@ def _gemm_kernel(xp, packed, bias, has_bias, out, residues):
                     if has_bias:
                         v += bias[rr]
                     out[tk, rr] = v
+
+
+def gemm_pays(m: int, n: int) -> bool:
+    """Whether a step of m tokens through W [n, K] should run here rather than in linear_mma."""
+    blocks = -(-m // (8 * BLOCK_GROUPS)) * -(-(n // 16) // BLOCK_TILES)
+    return m >= GEMM_ABOVE and blocks >= GEMM_MIN_BLOCKS
 
 
 def gemm_mma(xp, w: PackedBF16, out, *, bias=None, stream=0) -> None:

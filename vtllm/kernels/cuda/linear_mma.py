@@ -14,34 +14,41 @@ rounded) and lo (the remainder rounded), and both go through the tensor cores, s
 activations keep about 17 significant bits (error <= 2^-17 relative) while the weights, bf16
 already, are exact. Decode is bound by reading W, so the second mma is free there.
 
-Summation order: the K tiles are dealt round-robin to S = WARPS x ksplit slices (slice v:
+Summation order: the K tiles are dealt round-robin to S = warps_for(N, K) slices (slice v:
 tiles v, v + S, v + 2 S, ...); each slice is summed in order into float32 accumulators from
 +0, and an output is the slices' partials added in slice order, then the bias. Every output
 is therefore the same sequence of float operations whatever M is and wherever the token sits
 in the batch: decode, batched decode and prefill give the same bits, which the depth-2
 executor's law relies on (gemm_mma follows the same order).
 
-Work split: a block owns one 16-row tile of W and up to TOKENS tokens; its WARPS warps take
-the slices WARPS at a time (slice group c: slices c WARPS .. c WARPS + WARPS - 1) and the
-block folds each group's partials into a running total in slice order. ksplit is 1 for wide
-matrices; a matrix with few row tiles gets more (ksplit_for) so that a decode step of at
-most 8 tokens can launch one block per slice group (given a split scratch): each writes its
-warps' partials to the scratch and the last to finish, counted by an atomic per row tile,
-adds them in slice order. Both ways give the same bits. W is read once per TOKENS tokens;
-consecutive blocks share a tile of W (the grid's x runs over tokens), so prefill re-reads
-it from L2, not HBM.
+Work split: a block owns one 16-row tile of W and up to TOKENS tokens; warp w sums slice w,
+and the block adds the warps' partials in warp order. A block has WARPS warps, or WIDE_WARPS
+for a narrow W with a long K (warps_for), whose few row tiles would leave SMs idle. W is read
+once per TOKENS tokens; consecutive blocks share a tile of W (the grid's x runs over tokens),
+so prefill re-reads it from L2, not HBM. (A K split over several blocks per row tile, partials
+through global memory and the last block adding them, was tried and measured slower on the
+H200: 8B qkv at M = 1 37 us vs 18.)
 """
 
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
 from vtllm.kernels.cuda._host import aligned, check, placeholder
 from vtllm.kernels.cuda._ptx import load_f32x2, load_u32x4, mma_bf16, split_bf16x2
 
 WARPS = 2 if SIMULATOR else 8  # K slices per block
+# A W of at most WIDE_MAX_TILES row tiles, K at least twice N and at least WIDE_WARPS x UNROLL
+# K tiles (one whole round) takes WIDE_WARPS warps per block. On the H200 at M = 1
+# (tools/device_bench_linear.py): Qwen3-0.6B o 7.8 -> 6.3 us, down 10.3 -> 8.1, 8B down
+# 48.4 -> 40.1; more row tiles (8B qkv, gate_up), a square W (8B o: 16.0 -> 18.3) or a short
+# K (0.6B qkv) were slower that way.
+WIDE_WARPS = 4 if SIMULATOR else 32
+WIDE_MAX_TILES = 2 if SIMULATOR else 256
+PARTIAL_ROWS = WARPS  # warps' partials the shared array holds at once (48 KB static at most)
+SUMS = 16 // WARPS  # output sums per thread: a block's 16 x 32 over at least WARPS warps
 GROUPS = 4  # 8-token groups per block (the code below is written out for four)
 TOKENS = 8 * GROUPS
 UNROLL = 4  # tiles of W each warp has in flight (written out below)
@@ -50,52 +57,37 @@ PACK_THREADS = 256
 # 80 registers a thread (a few bytes spill) fit three blocks on an SM instead of two: at M = 1
 # that took W streaming from 1.9 to 2.7-3.3 TB/s on the H200 (tools/device_bench_linear.py)
 _REGISTERS = {} if SIMULATOR else {"max_registers": 80}
+_WIDE_REGISTERS = {} if SIMULATOR else {"max_registers": 64}  # 1024 threads: 64 fill the SM
 PREPACK_ABOVE = 8  # tokens: up to one mma group, x is split inside the kernel (no extra launch)
 
 
+def warps_for(n: int, k: int) -> int:
+    """Warps per block, and so K slices, for W [n, k]: fixed per matrix, whatever M."""
+    if n // 16 <= WIDE_MAX_TILES and k >= 2 * n and k // 16 >= WIDE_WARPS * UNROLL:
+        return WIDE_WARPS
+    return WARPS
+
+
 def packed_shape(n: int, k: int) -> tuple[int, int]:
-    """K is padded with zero tiles to whole rounds of the kernel's loop (WARPS x UNROLL
+    """K is padded with zero tiles to whole rounds of the kernel's loop (warps x UNROLL
     tiles), so the loop needs no bounds checks on W: the zeros add exact zeros."""
-    rounds = -(-(k // 16) // (WARPS * UNROLL))
-    return n // 16, rounds * WARPS * UNROLL * TILE_WORDS
-
-
-# Blocks a one-token step should launch, at least. 0 turns the K split off: on the H200 the
-# split (partials through global memory, the last block adding 32 slices) made one-token
-# steps slower, e.g. 8B qkv 18 -> 37 us (tools/device_bench_linear.py); kept for tuning.
-SPLIT_TARGET = 0
-
-
-def ksplit_for(n: int, k: int) -> int:
-    """Slice groups for W [n, k]: a matrix with few row tiles splits its K over that many
-    blocks per row tile (the smallest divisor of its rounds giving SPLIT_TARGET blocks), so a
-    decode step fills the GPU. Fixed per matrix, whatever M: the bits never depend on M."""
-    rounds = packed_shape(n, k)[1] // (TILE_WORDS * WARPS * UNROLL)
-    need = -(-SPLIT_TARGET // (n // 16))
-    return next((d for d in range(1, rounds + 1) if rounds % d == 0 and d >= need), rounds)
+    step = warps_for(n, k) * UNROLL
+    rounds = -(-(k // 16) // step)
+    return n // 16, rounds * step * TILE_WORDS
 
 
 @dataclass(frozen=True, slots=True)
 class PackedBF16:
-    """W [n, k] in fragment order (pack_bf16); data: device uint32 of packed_shape(n, k);
-    ksplit: ksplit_for(n, k); counters: per row tile, how many blocks of a split launch have
-    finished (device int32, all zeros between launches)."""
+    """W [n, k] in fragment order (pack_bf16); data: device uint32 of packed_shape(n, k)."""
 
     data: object
     n: int
     k: int
-    ksplit: int = 1
-    counters: object = None
 
     @property
     def slices(self) -> int:
         """K slices summed in order for every output (see the module docstring)."""
-        return WARPS * self.ksplit
-
-
-def split_scratch_words(w: PackedBF16) -> int:
-    """float32 words of the scratch a one-token step of W splits its K into (0: it does not)."""
-    return 0 if w.ksplit == 1 else (w.n // 16) * w.ksplit * WARPS * 128
+        return warps_for(self.n, self.k)
 
 
 def packable(n: int, k: int) -> bool:
@@ -175,34 +167,12 @@ def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc):
 
 
 @cuda.jit(device=True)
-def _reduce_into(total, partial, c, tid, nthreads):
-    """total (shared [16 x 32]) += the warps' partials of slice group c, in warp order; for
-    c == 0 total starts from warp 0's partial."""
-    for e in range(tid, 16 * 32, nthreads):
-        i, src = e // 32, e % 32
-        s = partial[0, i, src] if c == 0 else total[i, src] + partial[0, i, src]
-        for w in range(1, WARPS):
-            s += partial[w, i, src]
-        total[i, src] = s
-
-
-@cuda.jit(device=True)
-def _store(out, bias, has_bias, tok0, nt, M, i, src, s):
-    """Accumulator i of lane src (group i // 4, register i % 4) to its place in out."""
-    tok = tok0 + 8 * (i // 4) + 2 * (src % 4) + (i % 2)
-    if tok < M:
-        row = 16 * nt + src // 4 + 8 * ((i % 4) // 2)
-        if has_bias:
-            s += bias[row]
-        out[tok, row] = s
-
-
-@cuda.jit(cache=True, **_REGISTERS)
-def _linear_mma_kernel(x, xp, prepacked, packed, bias, has_bias, out, ksplit, parts, counters):
+def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, warps):
+    """One block's work (module docstring); warps is a constant of the calling kernel, so
+    once inlined the loop strides are too. partial: shared [PARTIAL_ROWS, 16, 32]."""
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
-    tid, nthreads = cuda.threadIdx.x, cuda.blockDim.x
     tok0 = cuda.blockIdx.x * TOKENS
     nt = cuda.blockIdx.y
     g = lane // 4
@@ -214,59 +184,61 @@ def _linear_mma_kernel(x, xp, prepacked, packed, bias, has_bias, out, ksplit, pa
         imin(tok0 + 16 + g, M - 1),
         imin(tok0 + 24 + g, M - 1),
     )
+    z = np.float32(0.0)
+    acc = (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
     last = K // 16 - 1  # x has no padding: padded tiles read its last tile (times zeros)
     base = 4 * lane
-    ktiles = packed.shape[1] // TILE_WORDS
-    slices = WARPS * ksplit  # slice v: tiles v, v + slices, ...; summed in slice order
-    stride = slices * UNROLL
-    partial = cuda.shared.array((WARPS, 16, 32), float32)
-    total = cuda.shared.array((16, 32), float32)
-    split = cuda.gridDim.z > 1  # one block per slice group, the last to finish sums them
-    c_lo = cuda.blockIdx.z if split else 0
-    for c in range(c_lo, c_lo + 1 if split else ksplit):
-        z = np.float32(0.0)
-        acc = (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
-        for kt in range(c * WARPS + warp, ktiles, stride):  # UNROLL tiles a trip
-            f0 = load_u32x4(packed, nt, kt * TILE_WORDS + base)
-            f1 = load_u32x4(packed, nt, (kt + slices) * TILE_WORDS + base)
-            f2 = load_u32x4(packed, nt, (kt + 2 * slices) * TILE_WORDS + base)
-            f3 = load_u32x4(packed, nt, (kt + 3 * slices) * TILE_WORDS + base)
-            acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc)
-            acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + slices, last), lane, f1, acc)
-            acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * slices, last), lane, f2,
-                        acc)  # fmt: skip
-            acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * slices, last), lane, f3,
-                        acc)  # fmt: skip
-        for i in range(16):
-            partial[warp, i, lane] = acc[i]
+    for kt in range(warp, packed.shape[1] // TILE_WORDS, warps * UNROLL):  # UNROLL tiles a trip
+        f0 = load_u32x4(packed, nt, kt * TILE_WORDS + base)
+        f1 = load_u32x4(packed, nt, (kt + warps) * TILE_WORDS + base)
+        f2 = load_u32x4(packed, nt, (kt + 2 * warps) * TILE_WORDS + base)
+        f3 = load_u32x4(packed, nt, (kt + 3 * warps) * TILE_WORDS + base)
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc)
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + warps, last), lane, f1, acc)
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * warps, last), lane, f2, acc)
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * warps, last), lane, f3, acc)
+    # The partials are added in warp order, PARTIAL_ROWS warps at a time: the block's 512
+    # sums (accumulator e // 32 of lane e % 32) stay in registers, thread t holding sums
+    # t, t + 32 warps, ... (SUMS at most).
+    tid = cuda.threadIdx.x
+    sums = cuda.local.array(SUMS, float32)
+    for c in range(warps // PARTIAL_ROWS):
+        if warp // PARTIAL_ROWS == c:
+            for i in range(16):
+                partial[warp % PARTIAL_ROWS, i, lane] = acc[i]
         cuda.syncthreads()
-        if split:  # one group of 8 tokens (M <= 8): accumulators 0..3 only
-            for e in range(tid, WARPS * 4 * 32, nthreads):
-                w, i, src = e // 128, (e // 32) % 4, e % 32
-                parts[nt, c, w, i * 32 + src] = partial[w, i, src]
-        else:
-            _reduce_into(total, partial, c, tid, nthreads)
+        for j in range(SUMS):
+            e = tid + j * 32 * warps
+            if e < 16 * 32:
+                i, src = e // 32, e % 32
+                s = partial[0, i, src] if c == 0 else sums[j] + partial[0, i, src]
+                for w in range(1, PARTIAL_ROWS):
+                    s += partial[w, i, src]
+                sums[j] = s
         cuda.syncthreads()
-    if split:
-        flag = cuda.shared.array(1, int32)
-        cuda.threadfence()  # this block's partials are visible before it counts itself
-        if tid == 0:
-            done = cuda.atomic.add(counters, nt, 1)
-            flag[0] = done
-            if done == ksplit - 1:
-                counters[nt] = 0  # ready for the next launch
-        cuda.syncthreads()
-        if flag[0] != ksplit - 1:
-            return
-        cuda.threadfence()
-        for e in range(tid, 4 * 32, nthreads):
-            s = parts[nt, 0, 0, e]
-            for v in range(1, slices):
-                s += parts[nt, v // WARPS, v % WARPS, e]
-            _store(out, bias, has_bias, tok0, nt, M, e // 32, e % 32, s)
-    else:
-        for e in range(tid, 16 * 32, nthreads):
-            _store(out, bias, has_bias, tok0, nt, M, e // 32, e % 32, total[e // 32, e % 32])
+    for j in range(SUMS):
+        e = tid + j * 32 * warps
+        if e < 16 * 32:
+            i, src = e // 32, e % 32  # accumulator i of lane src: group i // 4, register i % 4
+            tok = tok0 + 8 * (i // 4) + 2 * (src % 4) + (i % 2)
+            if tok < M:
+                s = sums[j]
+                row = 16 * nt + src // 4 + 8 * ((i % 4) // 2)
+                if has_bias:
+                    s += bias[row]
+                out[tok, row] = s
+
+
+@cuda.jit(cache=True, **_REGISTERS)
+def _linear_mma_kernel(x, xp, prepacked, packed, bias, has_bias, out):
+    partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
+    _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, WARPS)
+
+
+@cuda.jit(cache=True, **_WIDE_REGISTERS)
+def _linear_mma_wide_kernel(x, xp, prepacked, packed, bias, has_bias, out):
+    partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
+    _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, WIDE_WARPS)
 
 
 @cuda.jit(cache=True)
@@ -306,8 +278,7 @@ def pack_bf16(w, *, stream=0) -> PackedBF16:
     packed = cuda.device_array(packed_shape(n, k), np.uint32, stream=stream)
     total = packed.shape[0] * packed.shape[1]
     _pack_kernel[-(-total // PACK_THREADS), PACK_THREADS, stream](w, packed)
-    counters = cuda.to_device(np.zeros(n // 16, np.int32), stream=stream)
-    return PackedBF16(packed, n, k, ksplit_for(n, k), counters)
+    return PackedBF16(packed, n, k)
 
 
 def split_x(x, x_scratch, *, stream=0):
@@ -326,14 +297,11 @@ def split_x(x, x_scratch, *, stream=0):
     return xp
 
 
-def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, split_scratch=None,
-               stream=0) -> None:  # fmt: skip
+def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, stream=0) -> None:
     """out[M, N] = x[M, K] @ W.T (+ bias[N]) for W packed by pack_bf16. Device arrays; out
     must not overlap x. With x_scratch (uint32, at least x_scratch_words(M, K)), steps of more
     than PREPACK_ABOVE tokens split x once into it first instead of once per tile of W in
-    every block: same values, same bits, far fewer instructions. With split_scratch (float32,
-    at least split_scratch_words(w)), steps of at most 8 tokens spread W's K over ksplit
-    blocks per row tile: same bits again, a fuller GPU."""
+    every block: same values, same bits, far fewer instructions."""
     check("linear_mma", "x", x, np.float32, 2)
     check("linear_mma", "out", out, np.float32, 2)
     m, k = x.shape
@@ -355,16 +323,7 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, split_scratc
         bias = placeholder(np.float32)
     prepacked = x_scratch is not None and m > PREPACK_ABOVE
     xp = split_x(x, x_scratch, stream=stream) if prepacked else placeholder(np.uint32, 2)
-    split = split_scratch is not None and m <= 8 and w.ksplit > 1 and w.counters is not None
-    if split:
-        check("linear_mma", "split_scratch", split_scratch, np.float32, 1)
-        words = split_scratch_words(w)
-        if split_scratch.shape[0] < words:
-            raise ValueError(f"linear_mma: split_scratch needs {words} words")
-        parts = split_scratch[:words].reshape(n // 16, w.ksplit, WARPS, 128)
-    else:
-        parts = placeholder(np.float32, 4)
-    counters = w.counters if split else placeholder(np.int32)
-    grid = (-(-m // TOKENS), n // 16, w.ksplit if split else 1)
-    _linear_mma_kernel[grid, WARPS * 32, stream](x, xp, prepacked, packed, bias, has_bias, out,
-                                                 w.ksplit, parts, counters)  # fmt: skip
+    grid = (-(-m // TOKENS), n // 16)
+    warps = w.slices
+    kernel = _linear_mma_kernel if warps == WARPS else _linear_mma_wide_kernel
+    kernel[grid, warps * 32, stream](x, xp, prepacked, packed, bias, has_bias, out)

@@ -61,6 +61,36 @@ def _w(logits, values, adj, b, i):
 
 
 @cuda.jit(device=True)
+def _better(x, i, best, bi):
+    """(x, i) if x beats best, else (best, bi): ids come in increasing order, so '>' keeps the
+    lowest id of a tie."""
+    v = np.float64(x)
+    if v > best:
+        return v, np.int32(i)
+    return best, bi
+
+
+@cuda.jit(device=True)
+def _thread_argmax(w, b, tid, nt, V):
+    """Max of row b of w over ids tid, tid + nt, ... (as float64) and its lowest id (V if
+    none is above -inf). One block reads the whole row, so the scan waits on memory: four
+    loads in flight per trip instead of one."""
+    best, bi = -np.inf, np.int32(V)
+    i = tid
+    while i + 3 * nt < V:
+        x0, x1, x2, x3 = w[b, i], w[b, i + nt], w[b, i + 2 * nt], w[b, i + 3 * nt]
+        best, bi = _better(x0, i, best, bi)
+        best, bi = _better(x1, i + nt, best, bi)
+        best, bi = _better(x2, i + 2 * nt, best, bi)
+        best, bi = _better(x3, i + 3 * nt, best, bi)
+        i += 4 * nt
+    while i < V:
+        best, bi = _better(w[b, i], i, best, bi)
+        i += nt
+    return best, bi
+
+
+@cuda.jit(device=True)
 def _draw_in_id_order(logits, values, adj, b, m, inv_t, u, tm, ri):
     """No filter: the first id whose running sum of e exceeds u * sum(e); fallback the last
     id with e > 0 (or 0 when there is none)."""
@@ -150,11 +180,10 @@ def _sample_kernel(logits, slots, positions, temperature, seed, top_k, top_p, mi
     rf = cuda.shared.array(4, float64)
     adj = adjusted(s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias,
                    num_min_stop)  # fmt: skip
-    best, bi = -np.inf, np.int32(V)
-    for i in range(tid, V, nt):  # increasing i: '>' keeps this thread's lowest tie
-        x = _w(logits, values, adj, b, i)
-        if x > best:
-            best, bi = x, np.int32(i)
+    if adj:
+        best, bi = _thread_argmax(values, b, tid, nt, V)
+    else:
+        best, bi = _thread_argmax(logits, b, tid, nt, V)
     best, bi = block_argmax(best, bi, sd, si)
     t = np.float64(temperature[s])
     tok = np.int64(0)  # no finite logit: 0, as the CPU

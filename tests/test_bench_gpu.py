@@ -87,6 +87,7 @@ def _results():
                 "32": {"step_ms": 16.0, "gpu_ms": 8.0, "context": 1030.0},
             },
             "ttft_ms": {"1024": 40.0},
+            "ttft_eager_ms": {"1024": 60.0},
         },
         "hf": {"c1_ms": 70.0, "decode": {"1": {"step_ms": 70.0}}, "ttft_ms": {"1024": 80.0}},
         "llamacpp": {"error": "skipped"},
@@ -103,8 +104,10 @@ def test_rows_ratios_are_speed_ratios():
         "decode batch 1, ~1024 ctx",
         "decode batch 32, ~1024 ctx",
         "TTFT 1024-token prompt",
+        "TTFT 1024-token prompt, eager",
     ]
-    b1, b32, ttft = by["decode batch 1, ~1024 ctx"], by["decode batch 32, ~1024 ctx"], rows[-1]
+    b1, b32 = by["decode batch 1, ~1024 ctx"], by["decode batch 32, ~1024 ctx"]
+    ttft, eager = by["TTFT 1024-token prompt"], by["TTFT 1024-token prompt, eager"]
     assert b1["unit"] == "ms/token" and b1["ours"] == 5.0 and b1["ours_gpu"] == 4.0
     assert b1["ours_over_peer"] == {"hf": 14.0, "llamacpp": None}  # 70 ms against 5 ms
     assert b32["unit"] == "tok/s" and b32["ours"] == 2000.0 and b32["ours_gpu"] == 4000.0
@@ -113,6 +116,7 @@ def test_rows_ratios_are_speed_ratios():
     assert b32["ours_over_floor"] == pytest.approx(floor_ms / 16.0)  # share of the roofline
     assert 0 < b32["ours_over_floor"] < 1 and b32["peers"] == {"hf": None, "llamacpp": None}
     assert ttft["ours_over_peer"]["hf"] == 2.0 and ttft["floor_basis"] == "gemm"
+    assert eager["ours"] == 60.0 and eager["floor"] == ttft["floor"] and eager["peers"] == {}
 
 
 def test_table_has_a_column_per_peer_and_dashes_for_gaps():

@@ -2,7 +2,9 @@
 """Where a decode step's time goes on the GPU: the whole step's graph, each op alone, and the
 host. Run on the GPU machine from the repo root (after .device/bootstrap.sh):
     python3 tools/device_profile_decode.py CHECKPOINT_DIR [--batch 1]
-Each GPU figure is a CUDA graph of 20 back-to-back launches replayed 5 times, median per
+    python3 tools/device_profile_decode.py CHECKPOINT_DIR --prefill 1024
+--prefill N profiles the prefill of one N-token prompt instead (its wall time with the step's
+graph and eagerly, the graph alone, each op over the step's tokens). Each GPU figure is a CUDA graph of 20 back-to-back launches replayed 5 times, median per
 launch, so Python launch overhead is not in it. Host figures time the runner's own calls."""
 
 import argparse
@@ -49,7 +51,10 @@ def main():
     p.add_argument("model")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill")
     args = p.parse_args()
+    if args.prefill:
+        args.batch, args.context = 1, args.prefill
     loaded = load_model(args.model)
     c = loaded.config
     B, ctx = args.batch, args.context
@@ -63,6 +68,8 @@ def main():
                                       list(range(i * per, (i + 1) * per))) for i in range(B)],
                     [Chunk(i, 0, ctx, [], sample=True) for i in range(B)], [])  # fmt: skip
     runner.execute(plan)
+    if args.prefill:
+        return profile_prefill(runner, plan)
     step = [1]
 
     def decode_plan():
@@ -92,13 +99,48 @@ def main():
     print(f"host launch() median:    {1e6 * statistics.median(host):8.1f} us")
     print(f"synchronous step:        {1e6 * sync_step:8.1f} us")
 
-    m = runner.model
+    views = runner._layout(bucket, bucket, bucket, bucket)[1]
+    op_rows(runner, B, B, views)
+
+
+def profile_prefill(runner, plan):
+    """Wall time of the prefill step (graph, then eager), its graph alone, then each op."""
+    from vtllm.executor.step_layout import graph_counts
+
+    T = plan.chunks[0].num_tokens
+    again = StepPlan(1, plan.seated, plan.chunks, [0])  # slot 0 freed and seated again
+    wall = {}
+    for graphs in (False, True):
+        runner.use_graphs = graphs
+        runner.execute(again)
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            runner.execute(again)
+            times.append(time.perf_counter() - t0)
+        wall[graphs] = statistics.median(times)
+    bucket = next(b for b in runner.buckets if b >= T)
+    graph = runner.graphs[bucket]
+    whole = gpu_us(runner.stream, graph.replay, reps=3, capture=False)
+    c = runner.config
+    print(f"model {c.num_layers} layers hidden {c.hidden_size} vocab {c.vocab_size}; prefill "
+          f"{T} tokens in bucket {bucket}; graph nodes {graph.num_nodes}")  # fmt: skip
+    print(f"prefill step, eager (wall):  {1e3 * wall[False]:9.2f} ms")
+    print(f"prefill step, graph (wall):  {1e3 * wall[True]:9.2f} ms")
+    print(f"prefill graph alone (GPU):   {whole / 1e3:9.2f} ms")
+    counts = graph_counts(bucket, runner.max_num_seqs)
+    op_rows(runner, bucket, counts[2], runner._layout(*counts)[1])  # the staged prefill step
+
+
+def op_rows(runner, T, R, views):
+    """Each op of one layer (and the head) over T token rows (R logits rows) in a graph of
+    its own; `views` hold the staged step's metadata (what attention reads)."""
+    m, c, s, B = runner.model, runner.config, runner.stream, T
     lay = m.layers[0]
     x, qkv, h = m.x[:B], m.qkv[:B], m.h[:B]
     rng = np.random.default_rng(0)
     x.copy_to_device(rng.standard_normal(x.shape).astype(np.float32))
     n = c.num_layers
-    views = runner._layout(bucket, bucket, bucket, bucket)[1]
     inp = runner._inputs(views)
     rows = [
         ("rms_norm (+residual)", 2 * n, lambda: ops.rms_norm(h, lay.ffn_norm, 1e-6, x, residual=m.residual[:B], stream=s)),
@@ -109,8 +151,8 @@ def main():
         ("silu_and_mul", n, lambda: ops.silu_and_mul(m.gate_up[:B], m.act[:B], stream=s)),
         ("qkv_rope (+q/k norm)", n, lambda: qkv_rope(qkv, m.q[:B], m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)),
         ("paged_attention", n, lambda: ops.paged_attention(m.q[:B], m.kv_k[0], m.kv_v[0], inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], scratch=m.attn_scratch, stream=s)),
-        ("lm_head", 1, lambda: m.lm_head.matmul(m.final[:B], m.logits[:B], x_scratch=m.x_scratch, stream=s)),
-        ("sample (greedy)", 1, lambda: runner._sample(m.logits[:B], views, B)),
+        ("lm_head", 1, lambda: m.lm_head.matmul(m.final[:R], m.logits[:R], x_scratch=m.x_scratch, stream=s)),
+        ("sample (greedy)", 1, lambda: runner._sample(m.logits[:R], views, R)),
     ]  # fmt: skip
     total = 0.0
     print(f"{'op':24s} {'us each':>9s} {'per step':>9s} {'x':>4s}")

@@ -97,6 +97,26 @@ def test_skips_inconsistent_sequences(rng):
     assert np.isnan(got[2]).all()
 
 
+def test_a_bad_entry_late_in_a_prompt_skips_only_the_rows_that_reach_it(rng):
+    """Tokens of a prompt whose causal window ends before a bad block-table entry are
+    computed; later ones stay unwritten; the prefill kernel (several tokens per block) and the
+    decode kernel (one per block) agree bit for bit."""
+    k_cache, v_cache, tables, seq_lens, qsl, _ = build(rng, 2, 8, 4, [(7, 10), (3, 3)], 0)
+    tables[0, 2] = -1  # keys 8.. of sequence 0: its last two tokens (windows of 9, 10 keys)
+    q = rng.standard_normal((10, 4, 8)).astype(np.float32)
+    meta = (dev(tables), dev(seq_lens), dev(qsl))
+    outs = []
+    for scratch in (None, make_scratch(10, 4, 8, 16)):
+        out = poisoned((10, 4, 8))
+        paged_attention(dev(q), dev(k_cache), dev(v_cache), *meta, 0.3, out, scratch=scratch)
+        outs.append(host(out))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert np.isnan(outs[0][5:7]).all() and not np.isnan(outs[0][:5]).any()
+    ref = paged_attention_ref(q[7:], k_cache, v_cache, tables[1:], seq_lens[1:], qsl[1:] - 7,
+                              0.3)  # fmt: skip
+    np.testing.assert_allclose(outs[0][7:], ref, atol=2e-5)
+
+
 def test_rejects_bad_shapes(rng):
     q = dev(np.ones((2, 3, 8), np.float32))
     cache = dev(np.ones((4, 4, 2, 8), np.float32))

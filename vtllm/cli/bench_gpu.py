@@ -224,6 +224,9 @@ def shape_rows(label: str, c, results: dict, ceilings: dict, settings) -> list[d
             1e3 * floor,
             basis,
         )
+        eager = ours.get("ttft_eager_ms", {}).get(str(n))
+        if eager is not None:  # what the step's graph buys, same run
+            row(f"TTFT {n}-token prompt, eager", "ms", eager, None, {}, 1e3 * floor, basis)
     for r in rows:
         r["ours_over_floor"] = speed_ratio(r["ours"], r["floor"], r["unit"])
         r["ours_over_peer"] = {

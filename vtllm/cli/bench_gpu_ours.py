@@ -109,9 +109,11 @@ class Bench:
         gpu_ms = graph_ms(r.stream, r.graphs[bucket])
         return {"step_ms": step_ms, "gpu_ms": gpu_ms, "context": context, "bucket": bucket}
 
-    def ttft_ms(self, n: int, repeats: int = 3) -> float:
+    def ttft_ms(self, n: int, repeats: int = 3, *, graphs: bool = True) -> float:
         """One n-token prompt in slot 0 (every slot freed first), prefill and the first
-        sampled token, synchronised; median of repeats after a warm-up."""
+        sampled token, synchronised; median of repeats after a warm-up (which captures the
+        step's graph). graphs=False runs the step eagerly, one Python launch per kernel."""
+        self.runner.use_graphs = graphs
         times = []
         for i in range(repeats + 1):
             seat = SeatedRequest(0, self._prompt(n), n, GREEDY, 0,
@@ -121,6 +123,7 @@ class Bench:
             self.runner.execute(plan)
             if i:
                 times.append(1e3 * (time.perf_counter() - started))
+        self.runner.use_graphs = True
         return statistics.median(times)
 
     def close(self) -> None:
@@ -148,7 +151,8 @@ def graph_ms(stream, graph, reps: int = 10, rounds: int = 10) -> float:
 
 
 def runner_figures(loaded, settings) -> dict:
-    """{"decode": {batch: {...}}, "ttft_ms": {prompt_len: ms}}, keys as strings (JSON)."""
+    """{"decode": {batch: {...}}, "ttft_ms": {prompt_len: ms}, "ttft_eager_ms": {...}}, keys
+    as strings (JSON)."""
     # slot 0 steps in every batch size: warm-ups and timed steps, plus one block of slack
     headroom = len(settings.batches) * (settings.steps + 3) + BLOCK
     bench = Bench(loaded, max_batch=max(settings.batches), context=settings.context,
@@ -157,6 +161,7 @@ def runner_figures(loaded, settings) -> dict:
         bench.prefill_all()
         decode = {str(b): bench.decode(b, settings.steps) for b in sorted(settings.batches)}
         ttft = {str(n): bench.ttft_ms(n) for n in settings.prompts}
+        eager = {str(n): bench.ttft_ms(n, graphs=False) for n in settings.prompts}
     finally:
         bench.close()
-    return {"decode": decode, "ttft_ms": ttft}
+    return {"decode": decode, "ttft_ms": ttft, "ttft_eager_ms": eager}

@@ -128,7 +128,7 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             with tqdm(total=len(runner.buckets), desc="CUDA graphs", leave=False) as bar:
                 runner.capture_all(progress=lambda _bucket: bar.update(1))
             log.info(
-                "CUDA graphs captured for decode batches %s in %.1fs",
+                "CUDA graphs captured for steps of %s tokens in %.1fs",
                 runner.buckets,
                 time.perf_counter() - started,
             )

@@ -3,10 +3,11 @@ Hot path: keep it lean, put features in helpers.
 
 A step is enqueued, not waited for: `launch` applies the plan, copies the step's metadata
 (one pinned staging buffer, one copy), runs the forward and the sampler on the stream (a
-captured graph for decode batches), copies the sampled ids to pinned host memory and records
-an event. `finish` waits for that event and reads them: one step late with depth 2, while
-the next step already runs. Input ids are gathered from the device mirror, which the sampler
-writes, so the host never sends a token back.
+captured graph for decode, prefill and mixed steps alike, padded to a bucket of tokens),
+copies the sampled ids to pinned host memory and records an event. `finish` waits for that
+event and reads them: one step late with depth 2, while the next step already runs. Input ids
+are gathered from the device mirror, which the sampler writes, so the host never sends a token
+back.
 
 The id copy stays on the compute stream rather than a side stream: it is a few bytes queued
 right after the sampler and before the next step's work, so its event fires as soon as the
@@ -26,6 +27,9 @@ from vtllm.executor.kv_cache import num_kv_blocks
 from vtllm.executor.step_layout import (
     extend_block_tables,
     flatten_chunks,
+    graph_buckets,
+    graph_counts,
+    pad_step,
     prompt_logprobs,
     seat_sampling,
 )
@@ -43,13 +47,6 @@ _FIELDS = (
     "token_slots", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",
     "logits_rows", "sample_rows", "sample_slots", "sample_positions",
 )  # fmt: skip
-
-
-def graph_buckets(max_num_seqs: int) -> list[int]:
-    """Decode batch sizes that get a graph: 1, 2, 4, 8, then every 8 up to max_num_seqs
-    (a batch runs in the smallest bucket that holds it, padded with slot -1)."""
-    sizes = [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs, 8))
-    return sorted(set(sizes + [max_num_seqs]))
 
 
 @dataclass(slots=True)
@@ -106,7 +103,7 @@ class CudaModelRunner:
         self._views: dict = {}
         self.use_graphs = use_graphs
         self.graphs: dict[int, CudaGraph] = {}
-        self.buckets = graph_buckets(max_num_seqs)
+        self.buckets = graph_buckets(max_num_seqs, self.max_tokens)
         self.num_blocks = self._allocate_kv(kv_cache_memory, kv_cache_fraction)
 
     def _allocate_kv(self, budget_bytes: int, fraction: float) -> int:
@@ -198,10 +195,10 @@ class CudaModelRunner:
         B = len(chunks)
         fields = self._fields(flat, chunks)
         num_logprobs = [int(self.sampling.num_logprobs[c.slot]) for c in chunks]
-        bucket = self._bucket(plan, flat)
+        bucket = self._bucket(flat, B)
         if bucket:
-            self._pad(fields, bucket)
-            views = self._stage(fields, (bucket, bucket, bucket, bucket))
+            counts = graph_counts(bucket, self.max_num_seqs)
+            views = self._stage(pad_step(fields, *counts[:2]), counts)
             self._graph(bucket, views).replay()
         else:
             T, S, R = len(flat.positions), len(flat.slots), len(flat.logits_rows)
@@ -281,44 +278,29 @@ class CudaModelRunner:
                    self.token_ids_dev, self.num_tokens_dev, out, out_logprobs=lp,
                    scratch=self.sampler_scratch, stream=self.stream)  # fmt: skip
 
-    def _bucket(self, plan: StepPlan, flat) -> int:
-        """The graph bucket this step replays in, or 0 to run it eagerly."""
-        if not self.use_graphs or len(flat.logits_rows) != len(plan.chunks):
+    def _bucket(self, flat, num_sampled: int) -> int:
+        """The graph bucket this step replays in, or 0 to run it eagerly (prompt logprobs,
+        which want more logits rows than samples, or more tokens than the largest bucket)."""
+        if not self.use_graphs or len(flat.logits_rows) != num_sampled:
             return 0
-        if any(c.num_tokens != 1 or not c.sample for c in plan.chunks):
-            return 0
-        n = len(plan.chunks)
+        n = len(flat.positions)
         return next((b for b in self.buckets if b >= n), 0)
 
-    def _pad(self, fields: dict, bucket: int) -> None:
-        n = len(fields["token_slots"])
-        pad = bucket - n
-        if not pad:
-            return
-        minus, zeros = np.full(pad, -1, np.int32), np.zeros(pad, np.int32)
-        for name in ("token_slots", "slot_mapping", "sample_slots"):
-            fields[name] = np.concatenate([fields[name], minus])
-        for name in ("positions", "seq_lens", "sample_positions"):
-            fields[name] = np.concatenate([fields[name], zeros])
-        fields["query_start_loc"] = np.concatenate([fields["query_start_loc"], np.full(pad, n)])
-        fields["block_tables"] = np.concatenate(
-            [fields["block_tables"], np.zeros((pad, self.max_blocks), np.int32)]
-        )
-        fields["logits_rows"] = fields["sample_rows"] = np.arange(bucket, dtype=np.int32)
-
-    def _decode_step(self, views: dict, bucket: int) -> None:
+    def _graph_step(self, views: dict, rows: int) -> None:
         logits = self.model.forward(self._inputs(views), self.token_ids_dev)
-        self._sample(logits, views, bucket)
+        self._sample(logits, views, rows)
 
     def _graph(self, bucket: int, views: dict) -> CudaGraph:
         graph = self.graphs.get(bucket)
         if graph is None:
             # Eager once first: compiles every kernel and makes launcher placeholders, so the
-            # capture records launches only. The padded metadata just staged is all -1 slots
-            # past the real rows, so this run computes the real step and capture replays it.
-            self._decode_step(views, bucket)
+            # capture records launches only. The metadata just staged pads the real step with
+            # slot -1 rows, so this run computes the real step (KV writes, samples) and the
+            # replay that follows computes it again, to the same values.
+            rows = graph_counts(bucket, self.max_num_seqs)[3]
+            self._graph_step(views, rows)
             self.stream.synchronize()
-            graph = CudaGraph(self.stream, lambda: self._decode_step(views, bucket))
+            graph = CudaGraph(self.stream, lambda: self._graph_step(views, rows))
             self.graphs[bucket] = graph
         return graph
 
@@ -330,13 +312,13 @@ class CudaModelRunner:
                                self.num_prompt_logprobs, cpu_ops)  # fmt: skip
 
     def capture_all(self, progress=None) -> None:
-        """Warm-up and capture of every decode bucket at start (all-padding steps)."""
+        """Warm-up and capture of every bucket at start (steps of padding only)."""
         for bucket in self.buckets:
             fields = {name: np.zeros(0, np.int32) for name in _FIELDS}
             fields["query_start_loc"] = np.zeros(1, np.int32)
             fields["block_tables"] = np.zeros((0, self.max_blocks), np.int32)
-            self._pad(fields, bucket)
-            self._graph(bucket, self._stage(fields, (bucket,) * 4))
+            counts = graph_counts(bucket, self.max_num_seqs)
+            self._graph(bucket, self._stage(pad_step(fields, *counts[:2]), counts))
             if progress is not None:
                 progress(bucket)
         self.stream.synchronize()

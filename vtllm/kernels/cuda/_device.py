@@ -77,7 +77,43 @@ if SIMULATOR:
 
         FakeCUDAShared.array = array
 
+    def _patch_simulator_device_calls():
+        """numba's simulator swaps the `cuda` global of a device function's module for the
+        fake module on every call and back on return, unlocked: when a kernel calls a device
+        function of another module, one thread's return puts the real module back while other
+        threads still run inside it. Same swap, counted under a lock: the first thread in
+        swaps, the last one out restores."""
+        import threading
+        from contextlib import contextmanager
+
+        from numba.cuda.simulator import kernel
+
+        lock, inside = threading.Lock(), {}  # id(globals) -> [threads inside, originals]
+        real = cuda  # this module's own `cuda` global is swapped too while a kernel runs
+
+        @contextmanager
+        def swapped_cuda_module(fn, fake_cuda_module):
+            globs, key = fn.__globals__, id(fn.__globals__)
+            with lock:
+                entry = inside.get(key)
+                if entry is None:
+                    orig = {k: v for k, v in globs.items() if v is real}
+                    globs.update(dict.fromkeys(orig, fake_cuda_module))
+                    entry = inside[key] = [0, orig]
+                entry[0] += 1
+            try:
+                yield
+            finally:
+                with lock:
+                    entry[0] -= 1
+                    if entry[0] == 0:
+                        globs.update(entry[1])
+                        del inside[key]
+
+        kernel.swapped_cuda_module = swapped_cuda_module
+
     _patch_simulator_shared_arrays()
+    _patch_simulator_device_calls()
 
     @cuda.jit(device=True)
     def as_f32(bits):

@@ -15,7 +15,9 @@ is the in-order fold of its splits' states, always through `_fold`:
   - decode (`scratch` given, T <= its rows): splits spread over blocks (about TARGET_BLOCKS
     in all), partial states to scratch, then `_combine_kernel` folds them in split order: the
     GPU is filled even at batch 1;
-  - otherwise (prefill): one block walks all splits of its row and folds them as it goes.
+  - otherwise (prefill): attention_prefill's kernel, whose blocks each take several tokens of
+    a sequence through the same phases on the same helpers (one load of a split serves them
+    all) and fold each row's splits in order as they go.
 Both paths run the same code on the same keys in the same order, so a token's output does not
 depend on the path, the batch or the chunking (the depth-2 law needs that on the GPU too).
 """
@@ -39,19 +41,15 @@ MAX_DIM = 128  # head_dim: lane l loads dims 4l .. 4l + 3
 # eight lanes of a quarter-warp reading one 128-bit piece of eight rows hit all 32 banks.
 ROW = MAX_DIM + 4
 # One shared array carved into regions (a single array starts at the block's shared base, so
-# every region below is 16-byte aligned: all offsets are multiples of 4 floats).
+# every region below is 16-byte aligned: all offsets are multiples of 4 floats). K and V sit at
+# the same offsets in attention_prefill's layout, which shares _load_split.
 Q_AT = 0  # scaled queries [MAX_GROUP, MAX_DIM]
 K_AT = Q_AT + MAX_GROUP * MAX_DIM  # the split's keys [SPLIT, ROW]
 V_AT = K_AT + SPLIT * ROW  # and values
 P_AT = V_AT + SPLIT * ROW  # probabilities [MAX_GROUP, SPLIT]
 M_AT = P_AT + MAX_GROUP * SPLIT  # the split's max and sum per head
 L_AT = M_AT + MAX_GROUP
-RUN_M_AT = L_AT + MAX_GROUP  # running state of the one-block-per-row path
-RUN_L_AT = RUN_M_AT + MAX_GROUP
-NEW_M_AT = RUN_L_AT + MAX_GROUP
-NEW_L_AT = NEW_M_AT + MAX_GROUP
-RUN_ACC_AT = NEW_L_AT + MAX_GROUP  # [MAX_GROUP, MAX_DIM]
-SMEM_WORDS = RUN_ACC_AT + MAX_GROUP * MAX_DIM
+SMEM_WORDS = L_AT + MAX_GROUP
 TARGET_BLOCKS = 512  # decode grid size to aim for (H200, 132 SMs: 512 beat 1024 and 2048 by 2-6%)
 # 128 registers (no spills) let four blocks share an SM: 1.3x faster at batch 32 than the
 # compiler's own choice (tools/device_bench_attention.py)
@@ -114,12 +112,12 @@ def _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, s
 
 
 @cuda.jit(device=True)
-def _score(smem, g, j, D):
-    """q_g . k_j from shared memory, four partial sums."""
+def _score(smem, q_at, j, D):
+    """q . k_j from shared memory (the query row at q_at), four partial sums."""
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for d in range(0, MAX_DIM, 4):
         if d < D:
-            q0, q1, q2, q3 = shared_f32x4(smem, Q_AT + g * MAX_DIM + d)
+            q0, q1, q2, q3 = shared_f32x4(smem, q_at + d)
             k0, k1, k2, k3 = shared_f32x4(smem, K_AT + j * ROW + d)
             a0 += q0 * k0
             a1 += q1 * k1
@@ -129,11 +127,11 @@ def _score(smem, g, j, D):
 
 
 @cuda.jit(device=True)
-def _weighted_columns(smem, g, d):
-    """sum over the split's keys j of p[g, j] * V[j, d .. d + 3]."""
+def _weighted_columns(smem, p_at, d):
+    """sum over the split's keys j of p[j] * V[j, d .. d + 3] (the row's p at p_at)."""
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for j in range(SPLIT):
-        p = smem[P_AT + g * SPLIT + j]
+        p = smem[p_at + j]
         v0, v1, v2, v3 = shared_f32x4(smem, V_AT + j * ROW + d)
         a0 += p * v0
         a1 += p * v1
@@ -142,24 +140,9 @@ def _weighted_columns(smem, g, d):
     return a0, a1, a2, a3
 
 
-@cuda.jit(device=True)
-def _fold_into(smem, g, d, m2, l2, a0, a1, a2, a3):
-    """The running state's columns d .. d + 3 of head g folded with a split's state; the new
-    max and sum are staged (NEW_*) until every thread has read the old ones."""
-    m, l = smem[RUN_M_AT + g], smem[RUN_L_AT + g]
-    at = RUN_ACC_AT + g * MAX_DIM + d
-    nm, nl, smem[at] = _fold(m, l, smem[at], m2, l2, a0)
-    nm, nl, smem[at + 1] = _fold(m, l, smem[at + 1], m2, l2, a1)
-    nm, nl, smem[at + 2] = _fold(m, l, smem[at + 2], m2, l2, a2)
-    nm, nl, smem[at + 3] = _fold(m, l, smem[at + 3], m2, l2, a3)
-    if d == 0:
-        smem[NEW_M_AT + g] = nm
-        smem[NEW_L_AT + g] = nl
-
-
 @cuda.jit(cache=True, **_REGISTERS)
-def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                  part_acc, part_ml, to_scratch):  # fmt: skip
+def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                  part_acc, part_ml):  # fmt: skip
     t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
     tid = cuda.threadIdx.x
     w, lane = tid // 32, tid % 32
@@ -176,15 +159,13 @@ def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
         if e < 0 or e >= num_blocks:
             ok = 0
     if cuda.syncthreads_and(ok) == 0:
+        if z == 0 and tid < G:  # a negative sum tells the combine to leave the row unwritten
+            part_ml[t, hk * G + tid, 0, 1] = -1.0
         return
     smem = cuda.shared.array(SMEM_WORDS, float32)
     for e in range(tid, G * D, THREADS):
         g, d = e // D, e % D
         smem[Q_AT + g * MAX_DIM + d] = q[t, hk * G + g, d] * scale
-        smem[RUN_ACC_AT + g * MAX_DIM + d] = 0.0
-    if tid < G:
-        smem[RUN_M_AT + tid] = NEG_INF
-        smem[RUN_L_AT + tid] = 0.0
     for sp in range(z, n_splits, nz):
         lo = sp * SPLIT
         n_here = imin(n_keys - lo, SPLIT)
@@ -194,7 +175,7 @@ def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
             g = g0 + w
             score = NEG_INF
             if g < G and lane < n_here:
-                score = _score(smem, g, lane, D)
+                score = _score(smem, Q_AT + g * MAX_DIM, lane, D)
             m = warp_max(score)
             p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
             l = warp_sum(p)
@@ -206,28 +187,16 @@ def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
         cuda.syncthreads()
         for e in range(tid, G * quads, THREADS):
             g, d = e // quads, 4 * (e % quads)
-            a0, a1, a2, a3 = _weighted_columns(smem, g, d)
-            m, l = smem[M_AT + g], smem[L_AT + g]
-            if to_scratch:
-                h = hk * G + g
-                part_acc[t, h, sp, d] = a0
-                part_acc[t, h, sp, d + 1] = a1
-                part_acc[t, h, sp, d + 2] = a2
-                part_acc[t, h, sp, d + 3] = a3
-                if d == 0:
-                    part_ml[t, h, sp, 0] = m
-                    part_ml[t, h, sp, 1] = l
-            else:
-                _fold_into(smem, g, d, m, l, a0, a1, a2, a3)
-        cuda.syncthreads()  # K, V, P, M, L and the old running max / sum all read
-        if tid < G and not to_scratch:
-            smem[RUN_M_AT + tid] = smem[NEW_M_AT + tid]
-            smem[RUN_L_AT + tid] = smem[NEW_L_AT + tid]
-    if not to_scratch:
-        cuda.syncthreads()
-        for e in range(tid, G * D, THREADS):
-            g, d = e // D, e % D
-            out[t, hk * G + g, d] = smem[RUN_ACC_AT + g * MAX_DIM + d] / smem[RUN_L_AT + g]
+            a0, a1, a2, a3 = _weighted_columns(smem, P_AT + g * SPLIT, d)
+            h = hk * G + g
+            part_acc[t, h, sp, d] = a0
+            part_acc[t, h, sp, d + 1] = a1
+            part_acc[t, h, sp, d + 2] = a2
+            part_acc[t, h, sp, d + 3] = a3
+            if d == 0:
+                part_ml[t, h, sp, 0] = smem[M_AT + g]
+                part_ml[t, h, sp, 1] = smem[L_AT + g]
+        cuda.syncthreads()  # K, V, P, M and L all read before the next split's loads
 
 
 @cuda.jit(cache=True)
@@ -251,6 +220,8 @@ def _combine_kernel(part_acc, part_ml, block_tables, seq_lens, query_start_loc, 
                 part_ml[t, h, sp, 1],
                 part_acc[t, h, sp, tid],
             )
+        if sp0 == 0 and pl[0] < 0:
+            return  # the split kernel found a block-table entry outside the cache
         for u in range(8):
             if sp0 + u < n:
                 m, l, a = _fold(m, l, a, pm[u], pl[u], pa[u])
@@ -273,36 +244,27 @@ def make_scratch(rows: int, num_heads: int, head_dim: int, max_positions: int, *
 def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
                     scratch, *, stream=0) -> None:  # fmt: skip
     """As attention.paged_attention (its launcher has checked the arguments); scratch is
-    make_scratch's pair or None."""
+    make_scratch's pair or None (then, and for steps of more rows than it holds, the prefill
+    kernel runs)."""
     T, Hq, D = q.shape
     Hk, bs = k_cache.shape[2], k_cache.shape[1]
     if (
-        scratch is not None
-        and T <= scratch[0].shape[0]
-        and scratch[0].shape[1:] == (Hq, scratch[0].shape[2], D)
+        scratch is None
+        or T > scratch[0].shape[0]
+        or scratch[0].shape[1:] != (Hq, scratch[0].shape[2], D)
     ):
-        part_acc, part_ml = scratch[0][:T], scratch[1][:T]
-        # enough blocks to fill the GPU, each looping over splits z, z + nz, ...: with one block
-        # per split of the longest context, a batch of short rows launches mostly empty blocks
-        nz = min(part_acc.shape[2], max(1, -(-TARGET_BLOCKS // (T * Hk))))
-        grid = (T, Hk, nz)
-        _split_kernel[grid, THREADS, stream](q, k_cache, v_cache, block_tables, seq_lens,
-                                             query_start_loc, np.float32(scale), out, part_acc,
-                                             part_ml, True)  # fmt: skip
-        _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](
-            part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out
-        )
+        from vtllm.kernels.cuda.attention_prefill import prefill_attention
+
+        prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                          out, stream=stream)  # fmt: skip
         return
-    dummy = scratch if scratch is not None else _dummy()
-    _split_kernel[(T, Hk, 1), THREADS, stream](q, k_cache, v_cache, block_tables, seq_lens,
-                                               query_start_loc, np.float32(scale), out,
-                                               dummy[0], dummy[1], False)  # fmt: skip
-
-
-_dummies: list = []
-
-
-def _dummy():
-    if not _dummies:
-        _dummies.append(make_scratch(1, 1, 1, 1))
-    return _dummies[0]
+    part_acc, part_ml = scratch[0][:T], scratch[1][:T]
+    # enough blocks to fill the GPU, each looping over splits z, z + nz, ...: with one block
+    # per split of the longest context, a batch of short rows launches mostly empty blocks
+    nz = min(part_acc.shape[2], max(1, -(-TARGET_BLOCKS // (T * Hk))))
+    _split_kernel[(T, Hk, nz), THREADS, stream](q, k_cache, v_cache, block_tables, seq_lens,
+                                                query_start_loc, np.float32(scale), part_acc,
+                                                part_ml)  # fmt: skip
+    _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](
+        part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out
+    )

@@ -7,7 +7,11 @@ scaled_dot_product_attention on the same float32 K/V laid out contiguously (the 
 paging, no GQA sharing of loads). GB/s counts the K and V bytes once per launch; the H200
 streams ~4.3 TB/s. Each figure is a CUDA graph of 20 launches replayed 5 times, median per
 launch, over enough copies of the KV cache that it comes from HBM (not L2). --variant times
-other copies of attention_split.py too (checked against ours)."""
+other copies of attention_split.py too (checked against ours).
+    python3 tools/device_bench_attention.py --prefill 512,1024,4096 [--variant FILE ...]
+times the prefill path instead (one prompt of n tokens attending causally to itself, no
+scratch) against torch's causal scaled_dot_product_attention; a variant may be a copy of
+attention_split.py (its split_attention without scratch) or of attention_prefill.py."""
 
 import argparse
 import importlib.util
@@ -66,8 +70,11 @@ def main():
     p.add_argument(
         "--targets", default="", help="TARGET_BLOCKS values to try (default: the module's)"
     )
+    p.add_argument("--prefill", default="", help="prompt lengths: time the prefill path")
     args = p.parse_args()
     mods = [("ours", attention_split)] + [(Path(v).stem, load(v)) for v in args.variant]
+    if args.prefill:
+        return bench_prefill(mods, [int(n) for n in args.prefill.split(",")])
     targets = [int(t) for t in args.targets.split(",") if t]
     stream = cuda.stream()
     rng = np.random.default_rng(0)
@@ -111,6 +118,61 @@ def main():
                     f"{label:22s} {shape:5s} {batch:5d} {ctx:5d} {us:8.1f} {gb / us:6.0f} {peer:8.1f} {gb / peer:6.0f} {err:8.1e}"
                 )
         torch.cuda.empty_cache()
+
+
+def bench_prefill(mods, lengths):
+    """One n-token prompt per case, KV already in the cache; TFLOP/s counts q.k and p.v over
+    the causal half (4 hq d n^2 / 2 flops)."""
+    stream = cuda.stream()
+    rng = np.random.default_rng(0)
+    print(
+        f"{'kernel':24s} {'shape':5s} {'n':>5s} {'us':>9s} {'TFLOP/s':>8s} {'torch us':>9s} {'TFLOP/s':>8s} {'max err':>8s}"
+    )
+    for shape in ("135M", "0.6B", "8B"):
+        hq, hk, d = SHAPES[shape]
+        for n in lengths:
+            kcs, vcs, _, _ = case_arrays(rng, hq, hk, d, 1, n)
+            per = -(-n // BS)
+            tables = cuda.to_device((1 + np.arange(per, dtype=np.int32)).reshape(1, per))
+            meta = (
+                tables,
+                cuda.to_device(np.array([n], np.int32)),
+                cuda.to_device(np.array([0, n], np.int32)),
+            )
+            q = cuda.to_device(rng.standard_normal((n, hq, d)).astype(np.float32))
+            tflop = 4 * hq * d * n * n / 2 / 1e6
+            qt = torch.randn(1, hq, n, d, device="cuda")
+            kt, vt = torch.randn_like(qt), torch.randn_like(qt)
+            peer = torch_us(
+                lambda qt=qt, kt=kt, vt=vt: torch.nn.functional.scaled_dot_product_attention(
+                    qt, kt, vt, is_causal=True
+                )
+            )
+            ref = None
+            for name, mod in mods:
+                out = cuda.device_array((n, hq, d), np.float32)
+                turn = [0]
+
+                def fn(mod=mod, out=out, turn=turn, kv=(kcs, vcs, meta, q, d)):
+                    kcs, vcs, meta, q, d = kv
+                    i = turn[0] % len(kcs)
+                    turn[0] += 1
+                    if hasattr(mod, "prefill_attention"):
+                        mod.prefill_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, stream=stream)
+                    else:
+                        mod.split_attention(
+                            q, kcs[i], vcs[i], *meta, d**-0.5, out, None, stream=stream
+                        )
+
+                us = numba_us(stream, fn, reps=5)
+                got = out.copy_to_host()
+                ref = got if ref is None else ref
+                err = float(np.abs(got - ref).max())
+                print(
+                    f"{name:24s} {shape:5s} {n:5d} {us:9.1f} {tflop / us:8.2f} {peer:9.1f} {tflop / peer:8.2f} {err:8.1e}"
+                )
+            del kcs, vcs
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

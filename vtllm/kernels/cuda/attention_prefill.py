@@ -7,17 +7,25 @@ threads idle in the score and p @ V phases. Here a block owns one kv head and a 
 ROWS // G consecutive tokens, so up to ROWS (token, query head) rows: the tokens of the tile
 that belong to one sequence (a run) go through each split together. Per split:
   1. load: the split's K and V into shared memory, once, through attention_split._load_split;
-  2. scores: warp w takes rows w, w + WARPS, ..., lane j key j (q . k by _score), then the
-     row's max and sum of exp by two warp reductions, exactly as the decode kernel does for a
-     head. A row whose causal window ends before this split has no key in it: its state is
-     empty (max -inf), and folding an empty state returns the running one unchanged;
-  3. p @ V by _weighted_columns, each thread ITEMS fixed (row, four-column) pieces, folded
-     into running states held in registers (max and sum per row in shared memory).
+  2. scores: warp w takes ROWS_PER_WARP rows at once, lane j key j, each of the lane's key
+     loads serving every row; then each row's max and sum of exp by two warp reductions, as
+     the decode kernel does for a head. A row whose causal window ends before this split has
+     no key in it: its state is empty (max -inf), and folding an empty state returns the
+     running one unchanged;
+  3. p @ V: each thread ITEMS rows of one four-column piece, each V load serving them all,
+     folded into running states held in registers (max and sum per row in shared memory).
+Per row and key, and per row and column, the sums run in the decode kernel's order (its
+_score and _weighted_columns, written out here for several rows).
 The split's state of a row is the decode kernel's for that row (same keys at the same lanes,
 same operations: keys loaded for a longer row of the run only add p = 0 terms past the row's
 last key, as the decode kernel's padding keys do), and the splits are folded in order with
 attention_split._fold, as its combine kernel folds them: a token's output has the same bits
 whichever path computed it.
+
+On the H200 (tools/device_bench_attention.py --prefill, one prompt): 1.3-2.3x faster than one
+token per block at 1,024-4,096 tokens, slower at 128 (85 against 63 us at the Qwen3-0.6B shape:
+128 blocks leave SMs idle; fewer tokens per block there, and rows spread over the warps, measured
+slower still), and still ~7x slower than torch's float32 SDPA, which uses tensor cores.
 """
 
 import math
@@ -26,6 +34,7 @@ import numpy as np
 from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fmax, imin, warp_max, warp_sum
+from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4
 from vtllm.kernels.cuda.attention import _sequence_of
 from vtllm.kernels.cuda.attention_split import (
     K_AT,
@@ -38,13 +47,15 @@ from vtllm.kernels.cuda.attention_split import (
     WARPS,
     _fold,
     _load_split,
-    _score,
-    _weighted_columns,
 )
 
 ROWS = 8 if SIMULATOR else 16  # (token, query head) rows per block: 16 / G tokens
-ITEMS = ROWS * (MAX_DIM // 4) // THREADS  # (row, four-column) pieces per thread in p @ V
+ROWS_PER_WARP = ROWS // WARPS  # in the score phase
+# p @ V: thread i takes column piece i % quads of rows i // quads + k * (THREADS // quads),
+# k < ITEMS; at head_dim 128 (32 pieces) that is 4 rows apart, fewer pieces spread further
+ITEMS = ROWS * (MAX_DIM // 4) // THREADS
 assert ROWS >= MAX_GROUP and ITEMS * THREADS == ROWS * (MAX_DIM // 4)
+assert ROWS_PER_WARP * WARPS == ROWS
 # K and V at attention_split's offsets (for _load_split); the rest around them, in one array
 P_AT = 0  # probabilities [ROWS, SPLIT]
 M_AT = P_AT + ROWS * SPLIT  # the split's max and sum per row
@@ -81,6 +92,40 @@ def _readable_keys(block_tables, s, n_blocks, num_blocks, bs, tid, w, lane, smem
     return bs * int(first)
 
 
+@cuda.jit(device=True)
+def _scores(smem, r0, j, D, sc):
+    """sc[i] <- the four partial sums of q_(r0 + i) . k_j, in _score's order."""
+    for i in range(ROWS_PER_WARP):
+        for c in range(4):
+            sc[i, c] = 0.0
+    for d in range(0, MAX_DIM, 4):
+        if d < D:
+            k0, k1, k2, k3 = shared_f32x4(smem, K_AT + j * ROW + d)
+            for i in range(ROWS_PER_WARP):
+                q0, q1, q2, q3 = shared_f32x4(smem, Q_AT + (r0 + i) * MAX_DIM + d)
+                sc[i, 0] += q0 * k0
+                sc[i, 1] += q1 * k1
+                sc[i, 2] += q2 * k2
+                sc[i, 3] += q3 * k3
+
+
+@cuda.jit(device=True)
+def _columns(smem, rr, step, d, pv):
+    """pv[k] <- sum over the split's keys j of p[row k, j] * V[j, d .. d + 3], row k being
+    rr + k * step (clamped to the shared array), in _weighted_columns' order."""
+    for k in range(ITEMS):
+        for c in range(4):
+            pv[k, c] = 0.0
+    for j in range(SPLIT):
+        v0, v1, v2, v3 = shared_f32x4(smem, V_AT + j * ROW + d)
+        for k in range(ITEMS):
+            p = smem[P_AT + imin(rr + k * step, ROWS - 1) * SPLIT + j]
+            pv[k, 0] += p * v0
+            pv[k, 1] += p * v1
+            pv[k, 2] += p * v2
+            pv[k, 3] += p * v3
+
+
 @cuda.jit(cache=True, **_REGISTERS)
 def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out):
     tile, hk = cuda.blockIdx.x, cuda.blockIdx.y
@@ -92,7 +137,12 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     per_tile = ROWS // G
     t_end = imin((tile + 1) * per_tile, q.shape[0])
     smem = cuda.shared.array(SMEM_WORDS, float32)  # the only one: 16-byte aligned
-    acc = cuda.local.array((ITEMS, 4), float32)  # registers: constant indices once unrolled
+    # registers (constant indices once the loops are unrolled): running acc, split sums
+    acc = cuda.local.array((ITEMS, 4), float32)
+    pv = cuda.local.array((ITEMS, 4), float32)
+    sc = cuda.local.array((ROWS_PER_WARP, 4), float32)
+    step = THREADS // quads  # p @ V rows apart for one thread
+    rr, dq = tid // quads, 4 * (tid % quads)  # this thread's first row and column piece
     first = tile * per_tile
     while first < t_end:  # one run of tokens of one sequence at a time
         s = _sequence_of(query_start_loc, first)
@@ -128,11 +178,13 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
             _load_split(k_cache, v_cache, block_tables, s, hk, lo, imin(n_keys - lo, SPLIT),
                         w, lane, D, smem)  # fmt: skip
             cuda.syncthreads()
-            for r0 in range(0, n_rows, WARPS):  # block-uniform: every warp reduces alike
-                r = r0 + w
+            r0 = w * ROWS_PER_WARP
+            _scores(smem, r0, lane, D, sc)
+            for i in range(ROWS_PER_WARP):  # block-uniform: every warp reduces alike
+                r = r0 + i
                 score = NEG_INF
                 if r < n_rows and lane < base + run_start + r // G - lo:
-                    score = _score(smem, Q_AT + r * MAX_DIM, lane, D)
+                    score = (sc[i, 0] + sc[i, 1]) + (sc[i, 2] + sc[i, 3])
                 m = warp_max(score)
                 p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
                 l = warp_sum(p)
@@ -142,18 +194,18 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
                         smem[M_AT + r] = m
                         smem[L_AT + r] = l
             cuda.syncthreads()
-            for i in range(ITEMS):
-                e = tid + i * THREADS
-                if e < n_rows * quads:
-                    r, d = e // quads, 4 * (e % quads)
-                    a0, a1, a2, a3 = _weighted_columns(smem, P_AT + r * SPLIT, d)
+            if rr < step:
+                _columns(smem, rr, step, dq, pv)
+            for k in range(ITEMS):
+                r = rr + k * step
+                if rr < step and r < n_rows:
                     m2, l2 = smem[M_AT + r], smem[L_AT + r]
                     m, l = smem[RUN_M_AT + r], smem[RUN_L_AT + r]
-                    nm, nl, acc[i, 0] = _fold(m, l, acc[i, 0], m2, l2, a0)
-                    nm, nl, acc[i, 1] = _fold(m, l, acc[i, 1], m2, l2, a1)
-                    nm, nl, acc[i, 2] = _fold(m, l, acc[i, 2], m2, l2, a2)
-                    nm, nl, acc[i, 3] = _fold(m, l, acc[i, 3], m2, l2, a3)
-                    if d == 0:
+                    nm, nl, acc[k, 0] = _fold(m, l, acc[k, 0], m2, l2, pv[k, 0])
+                    nm, nl, acc[k, 1] = _fold(m, l, acc[k, 1], m2, l2, pv[k, 1])
+                    nm, nl, acc[k, 2] = _fold(m, l, acc[k, 2], m2, l2, pv[k, 2])
+                    nm, nl, acc[k, 3] = _fold(m, l, acc[k, 3], m2, l2, pv[k, 3])
+                    if dq == 0:
                         smem[NEW_M_AT + r] = nm
                         smem[NEW_L_AT + r] = nl
             cuda.syncthreads()  # K, V, P and the old running max / sum all read
@@ -161,13 +213,12 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
                 smem[RUN_M_AT + tid] = smem[NEW_M_AT + tid]
                 smem[RUN_L_AT + tid] = smem[NEW_L_AT + tid]
         cuda.syncthreads()
-        for i in range(ITEMS):
-            e = tid + i * THREADS
-            if e < n_rows * quads:
-                r, d = e // quads, 4 * (e % quads)
+        for k in range(ITEMS):
+            r = rr + k * step
+            if rr < step and r < n_rows:
                 t, h, l = run_start + r // G, hk * G + r % G, smem[RUN_L_AT + r]
                 for c in range(4):
-                    out[t, h, d + c] = acc[i, c] / l
+                    out[t, h, dq + c] = acc[k, c] / l
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,

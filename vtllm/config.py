@@ -100,7 +100,7 @@ KNOBS = (
         choices=("exact", "fast"),
     ),
     Knob("device", "str", "cpu", "where the model runs", choices=("cpu", "cuda")),
-    Knob("cuda_graphs", "bool", True, "replay decode steps as CUDA graphs (off: eager, to debug)"),
+    Knob("cuda_graphs", "bool", True, "replay steps as CUDA graphs (off: eager, to debug)"),
     Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),
     Knob("port", "int", 8000, "port the HTTP server binds", 0, 65535),
     Knob("max_body_bytes", "bytes", 4 << 20, "largest request body", 1024, 1 << 30),

@@ -78,11 +78,11 @@ def test_padding_keeps_the_real_step_and_pads_with_inert_rows():
 
 
 def test_padding_refuses_steps_that_do_not_fit():
-    flat, fields = _step(np.zeros((3, 5), np.int32))
-    with pytest.raises(ValueError):
-        pad_step(fields, 8, 4)  # 9 tokens
-    with pytest.raises(ValueError):
-        pad_step(fields, 16, 2)  # 3 sequences
+    _, fields = _step(np.zeros((3, 5), np.int32))
+    with pytest.raises(ValueError, match="9 tokens"):
+        pad_step(fields, 8, 4)
+    with pytest.raises(ValueError, match="3 sequences"):
+        pad_step(fields, 16, 2)
     with_prompt_logprobs = dict(fields, logits_rows=np.arange(6, dtype=np.int32))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="one logits row per sampled chunk"):
         pad_step(with_prompt_logprobs, 16, 4)

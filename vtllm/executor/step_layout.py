@@ -93,7 +93,9 @@ def pad_step(fields: dict, tokens: int, seqs: int) -> dict:
     token), padding logits rows are -1 (a zero row) and padding samples slot -1 (skipped)."""
     t, s = len(fields["token_slots"]), len(fields["seq_lens"])
     b = len(fields["sample_slots"])
-    if t > tokens or s > seqs or len(fields["logits_rows"]) != b:
+    if len(fields["logits_rows"]) != b:
+        raise ValueError("a graph step has one logits row per sampled chunk (no prompt logprobs)")
+    if t > tokens or s > seqs:
         raise ValueError(f"a step of {t} tokens, {s} sequences does not fit ({tokens}, {seqs})")
 
     def tail(name, value, n):

@@ -4,8 +4,9 @@ host. Run on the GPU machine from the repo root (after .device/bootstrap.sh):
     python3 tools/device_profile_decode.py CHECKPOINT_DIR [--batch 1]
     python3 tools/device_profile_decode.py CHECKPOINT_DIR --prefill 1024
 --prefill N profiles the prefill of one N-token prompt instead (its wall time with the step's
-graph and eagerly, the graph alone, each op over the step's tokens). Each GPU figure is a CUDA graph of 20 back-to-back launches replayed 5 times, median per
-launch, so Python launch overhead is not in it. Host figures time the runner's own calls."""
+graph and eagerly, the graph alone, each op over the step's tokens). Each GPU figure is a CUDA
+graph of 20 back-to-back launches replayed 5 times, median per launch, so Python launch
+overhead is not in it. Host figures time the runner's own calls."""
 
 import argparse
 import statistics

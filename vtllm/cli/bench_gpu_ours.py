@@ -113,7 +113,7 @@ class Bench:
         """One n-token prompt in slot 0 (every slot freed first), prefill and the first
         sampled token, synchronised; median of repeats after a warm-up (which captures the
         step's graph). graphs=False runs the step eagerly, one Python launch per kernel."""
-        self.runner.use_graphs = graphs
+        before, self.runner.use_graphs = self.runner.use_graphs, graphs
         times = []
         for i in range(repeats + 1):
             seat = SeatedRequest(0, self._prompt(n), n, GREEDY, 0,
@@ -123,7 +123,7 @@ class Bench:
             self.runner.execute(plan)
             if i:
                 times.append(1e3 * (time.perf_counter() - started))
-        self.runner.use_graphs = True
+        self.runner.use_graphs = before
         return statistics.median(times)
 
     def close(self) -> None:

@@ -28,6 +28,11 @@ once per TOKENS tokens; consecutive blocks share a tile of W (the grid's x runs 
 so prefill re-reads it from L2, not HBM. (A K split over several blocks per row tile, partials
 through global memory and the last block adding them, was tried and measured slower on the
 H200: 8B qkv at M = 1 37 us vs 18.)
+
+Decode steps (M <= 8, one token group) run a copy of the kernel compiled for one group: the
+other groups' accumulators are constant zeros there, and the registers they free hold the
+next trip's tiles of W, loaded before this trip's mmas, so a warp's loads stay in flight
+while it computes (same products and sums: same bits).
 """
 
 from dataclasses import dataclass
@@ -167,9 +172,21 @@ def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc):
 
 
 @cuda.jit(device=True)
-def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, warps):
-    """One block's work (module docstring); warps is a constant of the calling kernel, so
-    once inlined the loop strides are too. partial: shared [PARTIAL_ROWS, 16, 32]."""
+def _fetch(packed, nt, kt, warps, base):
+    """This lane's words of the UNROLL tiles kt, kt + warps, .. of row tile nt (one trip)."""
+    return (
+        load_u32x4(packed, nt, kt * TILE_WORDS + base),
+        load_u32x4(packed, nt, (kt + warps) * TILE_WORDS + base),
+        load_u32x4(packed, nt, (kt + 2 * warps) * TILE_WORDS + base),
+        load_u32x4(packed, nt, (kt + 3 * warps) * TILE_WORDS + base),
+    )
+
+
+@cuda.jit(device=True)
+def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, warps, one_group):
+    """One block's work (module docstring); warps and one_group are constants of the calling
+    kernel, so once inlined the loop strides are too, and with one_group (M <= 8) the other
+    groups' code folds away. partial: shared [PARTIAL_ROWS, 16, 32]."""
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
@@ -177,7 +194,7 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
     nt = cuda.blockIdx.y
     g = lane // 4
     g0 = tok0 // 8
-    groups = (imin(M - tok0, TOKENS) + 7) // 8
+    groups = 1 if one_group else (imin(M - tok0, TOKENS) + 7) // 8
     rows = (
         imin(tok0 + g, M - 1),
         imin(tok0 + 8 + g, M - 1),
@@ -188,15 +205,20 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
     acc = (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
     last = K // 16 - 1  # x has no padding: padded tiles read its last tile (times zeros)
     base = 4 * lane
-    for kt in range(warp, packed.shape[1] // TILE_WORDS, warps * UNROLL):  # UNROLL tiles a trip
-        f0 = load_u32x4(packed, nt, kt * TILE_WORDS + base)
-        f1 = load_u32x4(packed, nt, (kt + warps) * TILE_WORDS + base)
-        f2 = load_u32x4(packed, nt, (kt + 2 * warps) * TILE_WORDS + base)
-        f3 = load_u32x4(packed, nt, (kt + 3 * warps) * TILE_WORDS + base)
+    ntiles, stride = packed.shape[1] // TILE_WORDS, warps * UNROLL  # UNROLL tiles a trip
+    f0, f1, f2, f3 = _fetch(packed, nt, warp, warps, base)  # unused (dropped) unless one_group
+    for kt in range(warp, ntiles, stride):
+        if one_group:  # the next trip's tiles (this trip's again on the last trip)
+            n0, n1, n2, n3 = _fetch(packed, nt, kt + stride if kt + stride < ntiles else kt,
+                                    warps, base)  # fmt: skip
+        else:  # no registers to spare: load this trip's tiles now
+            f0, f1, f2, f3 = _fetch(packed, nt, kt, warps, base)
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc)
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + warps, last), lane, f1, acc)
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * warps, last), lane, f2, acc)
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * warps, last), lane, f3, acc)
+        if one_group:
+            f0, f1, f2, f3 = n0, n1, n2, n3
     # The partials are added in warp order, PARTIAL_ROWS warps at a time: the block's 512
     # sums (accumulator e // 32 of lane e % 32) stay in registers, thread t holding sums
     # t, t + 32 warps, ... (SUMS at most).
@@ -232,13 +254,25 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
 @cuda.jit(cache=True, **_REGISTERS)
 def _linear_mma_kernel(x, xp, prepacked, packed, bias, has_bias, out):
     partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
-    _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, WARPS)
+    _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, WARPS, False)
 
 
 @cuda.jit(cache=True, **_WIDE_REGISTERS)
 def _linear_mma_wide_kernel(x, xp, prepacked, packed, bias, has_bias, out):
     partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
-    _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, WIDE_WARPS)
+    _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, WIDE_WARPS, False)
+
+
+@cuda.jit(cache=True, **_REGISTERS)
+def _linear_mma_decode_kernel(x, xp, prepacked, packed, bias, has_bias, out):
+    partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
+    _linear_mma_block(x, xp, False, packed, bias, has_bias, out, partial, WARPS, True)
+
+
+@cuda.jit(cache=True, **_WIDE_REGISTERS)
+def _linear_mma_decode_wide_kernel(x, xp, prepacked, packed, bias, has_bias, out):
+    partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
+    _linear_mma_block(x, xp, False, packed, bias, has_bias, out, partial, WIDE_WARPS, True)
 
 
 @cuda.jit(cache=True)
@@ -324,6 +358,10 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, stream=0) ->
     prepacked = x_scratch is not None and m > PREPACK_ABOVE
     xp = split_x(x, x_scratch, stream=stream) if prepacked else placeholder(np.uint32, 2)
     grid = (-(-m // TOKENS), n // 16)
+    wide = w.slices != WARPS
+    if m <= 8:  # one token group
+        kernel = _linear_mma_decode_wide_kernel if wide else _linear_mma_decode_kernel
+    else:
+        kernel = _linear_mma_wide_kernel if wide else _linear_mma_kernel
     warps = w.slices
-    kernel = _linear_mma_kernel if warps == WARPS else _linear_mma_wide_kernel
     kernel[grid, warps * 32, stream](x, xp, prepacked, packed, bias, has_bias, out)

@@ -16,6 +16,7 @@ CASES = [
     (4, 2, 16, 4, [(5, 5), (3, 9), (1, 40), (0, 0)]),  # prefill, chunk, decode past 1 tile, pad
     (2, 2, 40, 8, [(1, 1), (4, 11)]),  # D not a multiple of 32: 64 threads, idle columns
     (2, 1, 8, 16, [(1, 130)]),  # decode over three key splits
+    (2, 1, 32, 8, [(2, 40)]),  # D a multiple of 32: the score loop's unrolled path
 ]
 if not SIMULATOR:
     CASES += [

@@ -6,6 +6,10 @@ shared memory, four bank passes where one 128-bit access takes one per eight lan
       the kernel runs (`ld.global.nc.v4.f32`); the address must be 16-byte aligned.
   shared_f32x4(s, i): s[i .. i + 3] of a 1-D shared array (`ld.shared.v4.f32`); i % 4 == 0.
   store_shared_f32x4(s, i, v0, v1, v2, v3): s[i .. i + 3] = v0 .. v3 (`st.shared.v4.f32`).
+  The shared accesses address s[i] as a 32-bit shared-window address: the array's base is
+  converted once (it does not change in a loop, so the conversion is hoisted) and 4 i added in
+  32 bits, where a 64-bit generic pointer per access, converted inside the access, cost about
+  ten integer instructions per 128-bit load in the attention kernels' inner loops.
 
 Under numba's simulator they are plain indexing.
 """
@@ -30,9 +34,17 @@ else:
 
     from vtllm.kernels.cuda._ptx import _asm_tuple, _cast_all, _item_pointer
 
-    _F32 = ir.FloatType()
-    # numba hands shared arrays around as generic pointers: convert to the shared window
-    _TO_SHARED = ".reg .u64 sa; cvta.to.shared.u64 sa, {ptr};"
+    _F32, _I32 = ir.FloatType(), ir.IntType(32)
+
+    def _shared_u32(context, builder, aryty, ary_value, index_type, index_value):
+        """32-bit shared-window address of s[i], s a 1-D float32 shared array (numba hands
+        it around as a generic pointer; the cast back to the shared window is pure, so LLVM
+        hoists it out of loops)."""
+        ary = context.make_array(aryty)(context, builder, ary_value)
+        shared = builder.addrspacecast(ary.data, ir.PointerType(_F32, 3))
+        base = builder.trunc(builder.ptrtoint(shared, ir.IntType(64)), _I32)
+        i = builder.trunc(context.cast(builder, index_value, index_type, types.int64), _I32)
+        return builder.add(base, builder.shl(i, ir.Constant(_I32, 2)))
 
     @intrinsic
     def load_f32x4(typingctx, a, i, j, k, d):
@@ -50,12 +62,12 @@ else:
         sig = types.UniTuple(types.float32, 4)(s, i)
 
         def codegen(context, builder, sig, args):
-            ptr = _item_pointer(context, builder, sig, args)
-            text = "{ " + _TO_SHARED.format(ptr="$4") + " ld.shared.v4.f32 {$0,$1,$2,$3}, [sa]; }"
+            addr = _shared_u32(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            text = "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];"
             # side effects: keeps the load after the barrier that publishes what it reads
-            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [ptr.type])
-            asm = ir.InlineAsm(fnty, text, "=f,=f,=f,=f,l", side_effect=True)
-            res = builder.call(asm, [ptr])
+            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32])
+            asm = ir.InlineAsm(fnty, text, "=f,=f,=f,=f,r", side_effect=True)
+            res = builder.call(asm, [addr])
             parts = [builder.extract_value(res, n) for n in range(4)]
             return context.make_tuple(builder, sig.return_type, parts)
 
@@ -66,11 +78,11 @@ else:
         sig = types.void(s, i, v0, v1, v2, v3)
 
         def codegen(context, builder, sig, args):
-            ptr = _item_pointer(context, builder, types.void(*sig.args[:2]), args[:2])
+            addr = _shared_u32(context, builder, sig.args[0], args[0], sig.args[1], args[1])
             vals = _cast_all(context, builder, args[2:], sig.args[2:], types.float32)
-            text = "{ " + _TO_SHARED.format(ptr="$0") + " st.shared.v4.f32 [sa], {$1,$2,$3,$4}; }"
-            fnty = ir.FunctionType(ir.VoidType(), [ptr.type] + [_F32] * 4)
-            builder.call(ir.InlineAsm(fnty, text, "l,f,f,f,f", side_effect=True), [ptr] + vals)
+            text = "st.shared.v4.f32 [$0], {$1,$2,$3,$4};"
+            fnty = ir.FunctionType(ir.VoidType(), [_I32] + [_F32] * 4)
+            builder.call(ir.InlineAsm(fnty, text, "r,f,f,f,f", side_effect=True), [addr] + vals)
             return context.get_dummy_value()
 
         return sig, codegen

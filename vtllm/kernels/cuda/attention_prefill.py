@@ -47,6 +47,7 @@ from vtllm.kernels.cuda.attention_split import (
     WARPS,
     _fold,
     _load_split,
+    block_shift,
 )
 
 ROWS = 8 if SIMULATOR else 16  # (token, query head) rows per block: 16 / G tokens
@@ -98,32 +99,48 @@ def _scores(smem, r0, j, D, sc):
     for i in range(ROWS_PER_WARP):
         for c in range(4):
             sc[i, c] = 0.0
-    for d in range(0, MAX_DIM, 4):
-        if d < D:
-            k0, k1, k2, k3 = shared_f32x4(smem, K_AT + j * ROW + d)
-            for i in range(ROWS_PER_WARP):
-                q0, q1, q2, q3 = shared_f32x4(smem, Q_AT + (r0 + i) * MAX_DIM + d)
-                sc[i, 0] += q0 * k0
-                sc[i, 1] += q1 * k1
-                sc[i, 2] += q2 * k2
-                sc[i, 3] += q3 * k3
+    k_at, q_at = K_AT + j * ROW, Q_AT + r0 * MAX_DIM
+    if D % 32 == 0:  # the inner loop unrolls (see attention_split._score)
+        for d0 in range(0, D, 32):
+            for u in range(8):
+                _score_step(smem, k_at, q_at, d0 + 4 * u, sc)
+    else:
+        for d in range(0, D, 4):
+            _score_step(smem, k_at, q_at, d, sc)
 
 
 @cuda.jit(device=True)
-def _columns(smem, rr, step, d, pv):
+def _score_step(smem, k_at, q_at, d, sc):
+    """sc[i] advanced by dims d .. d + 3 of key k_at against each row i's query."""
+    k0, k1, k2, k3 = shared_f32x4(smem, k_at + d)
+    for i in range(ROWS_PER_WARP):
+        q0, q1, q2, q3 = shared_f32x4(smem, q_at + i * MAX_DIM + d)
+        sc[i, 0] += q0 * k0
+        sc[i, 1] += q1 * k1
+        sc[i, 2] += q2 * k2
+        sc[i, 3] += q3 * k3
+
+
+@cuda.jit(device=True)
+def _columns(smem, rr, step, d, pv, ps):
     """pv[k] <- sum over the split's keys j of p[row k, j] * V[j, d .. d + 3], row k being
-    rr + k * step (clamped to the shared array), in _weighted_columns' order."""
+    rr + k * step (clamped to the shared array), in _weighted_columns' order; each row's p
+    read four keys at a time (ps: [ITEMS, 4] registers)."""
     for k in range(ITEMS):
         for c in range(4):
             pv[k, c] = 0.0
-    for j in range(SPLIT):
-        v0, v1, v2, v3 = shared_f32x4(smem, V_AT + j * ROW + d)
+    for j4 in range(0, SPLIT, 4):
         for k in range(ITEMS):
-            p = smem[P_AT + imin(rr + k * step, ROWS - 1) * SPLIT + j]
-            pv[k, 0] += p * v0
-            pv[k, 1] += p * v1
-            pv[k, 2] += p * v2
-            pv[k, 3] += p * v3
+            p_at = P_AT + imin(rr + k * step, ROWS - 1) * SPLIT + j4
+            ps[k, 0], ps[k, 1], ps[k, 2], ps[k, 3] = shared_f32x4(smem, p_at)
+        for u in range(4):
+            v0, v1, v2, v3 = shared_f32x4(smem, V_AT + (j4 + u) * ROW + d)
+            for k in range(ITEMS):
+                p = ps[k, u]
+                pv[k, 0] += p * v0
+                pv[k, 1] += p * v1
+                pv[k, 2] += p * v2
+                pv[k, 3] += p * v3
 
 
 @cuda.jit(cache=True, **_REGISTERS)
@@ -141,6 +158,9 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     acc = cuda.local.array((ITEMS, 4), float32)
     pv = cuda.local.array((ITEMS, 4), float32)
     sc = cuda.local.array((ROWS_PER_WARP, 4), float32)
+    ps = cuda.local.array((ITEMS, 4), float32)
+    lims = cuda.local.array(ROWS_PER_WARP, np.int64)  # per score row: keys it sees, + lo
+    shift = block_shift(bs)
     step = THREADS // quads  # p @ V rows apart for one thread
     rr, dq = tid // quads, 4 * (tid % quads)  # this thread's first row and column piece
     first = tile * per_tile
@@ -173,17 +193,19 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
         for i in range(ITEMS):
             for c in range(4):
                 acc[i, c] = 0.0
+        r0 = w * ROWS_PER_WARP
+        for i in range(ROWS_PER_WARP):
+            lims[i] = base + run_start + (r0 + i) // G
         for sp in range((n_keys + SPLIT - 1) // SPLIT):
             lo = sp * SPLIT
             _load_split(k_cache, v_cache, block_tables, s, hk, lo, imin(n_keys - lo, SPLIT),
-                        w, lane, D, smem)  # fmt: skip
+                        w, lane, D, smem, shift)  # fmt: skip
             cuda.syncthreads()
-            r0 = w * ROWS_PER_WARP
             _scores(smem, r0, lane, D, sc)
             for i in range(ROWS_PER_WARP):  # block-uniform: every warp reduces alike
                 r = r0 + i
                 score = NEG_INF
-                if r < n_rows and lane < base + run_start + r // G - lo:
+                if r < n_rows and lane < lims[i] - lo:
                     score = (sc[i, 0] + sc[i, 1]) + (sc[i, 2] + sc[i, 3])
                 m = warp_max(score)
                 p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
@@ -195,7 +217,7 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
                         smem[L_AT + r] = l
             cuda.syncthreads()
             if rr < step:
-                _columns(smem, rr, step, dq, pv)
+                _columns(smem, rr, step, dq, pv, ps)
             for k in range(ITEMS):
                 r = rr + k * step
                 if rr < step and r < n_rows:

@@ -27,9 +27,11 @@ def test_short_soak_leaves_nothing_behind(live):
         *("--num-requests", "200", "--concurrency", "32", "--warmup", "64"),
         *("--max-tokens", "8", "--disconnect-tokens", "64"),
         *("--disconnect-rate", "0.1", "--bad-rate", "0.1"),
-        *("--duration-limit", "60", "--idle-timeout", "20", "--request-timeout", "60"),
+        # the limit only guards against a hung server: a slow 2-core VM (AVX2, no AVX-512)
+        # served these 264 requests in 84 s, all invariants passing, where 60 s cut it short
+        *("--duration-limit", "180", "--idle-timeout", "20", "--request-timeout", "60"),
     ]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=ROOT)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[FAIL]" not in r.stdout and "not started" not in r.stdout
     for outcome in ("completed", "aborted", "rejected"):

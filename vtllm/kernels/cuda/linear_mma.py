@@ -172,17 +172,6 @@ def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc):
 
 
 @cuda.jit(device=True)
-def _fetch(packed, nt, kt, warps, base):
-    """This lane's words of the UNROLL tiles kt, kt + warps, .. of row tile nt (one trip)."""
-    return (
-        load_u32x4(packed, nt, kt * TILE_WORDS + base),
-        load_u32x4(packed, nt, (kt + warps) * TILE_WORDS + base),
-        load_u32x4(packed, nt, (kt + 2 * warps) * TILE_WORDS + base),
-        load_u32x4(packed, nt, (kt + 3 * warps) * TILE_WORDS + base),
-    )
-
-
-@cuda.jit(device=True)
 def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, warps, one_group):
     """One block's work (module docstring); warps and one_group are constants of the calling
     kernel, so once inlined the loop strides are too, and with one_group (M <= 8) the other
@@ -206,13 +195,26 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
     last = K // 16 - 1  # x has no padding: padded tiles read its last tile (times zeros)
     base = 4 * lane
     ntiles, stride = packed.shape[1] // TILE_WORDS, warps * UNROLL  # UNROLL tiles a trip
-    f0, f1, f2, f3 = _fetch(packed, nt, warp, warps, base)  # unused (dropped) unless one_group
+    # The loads are written out, not a helper: numba's simulator makes every device-function
+    # call a locked swap of module globals, which tripled this kernel's time there; on the GPU
+    # both forms compile to the same SASS. Before the loop: the first trip's tiles (one_group;
+    # the other kernel drops these unused loads).
+    f0 = load_u32x4(packed, nt, warp * TILE_WORDS + base)
+    f1 = load_u32x4(packed, nt, (warp + warps) * TILE_WORDS + base)
+    f2 = load_u32x4(packed, nt, (warp + 2 * warps) * TILE_WORDS + base)
+    f3 = load_u32x4(packed, nt, (warp + 3 * warps) * TILE_WORDS + base)
     for kt in range(warp, ntiles, stride):
         if one_group:  # the next trip's tiles (this trip's again on the last trip)
-            n0, n1, n2, n3 = _fetch(packed, nt, kt + stride if kt + stride < ntiles else kt,
-                                    warps, base)  # fmt: skip
+            nk = kt + stride if kt + stride < ntiles else kt
+            n0 = load_u32x4(packed, nt, nk * TILE_WORDS + base)
+            n1 = load_u32x4(packed, nt, (nk + warps) * TILE_WORDS + base)
+            n2 = load_u32x4(packed, nt, (nk + 2 * warps) * TILE_WORDS + base)
+            n3 = load_u32x4(packed, nt, (nk + 3 * warps) * TILE_WORDS + base)
         else:  # no registers to spare: load this trip's tiles now
-            f0, f1, f2, f3 = _fetch(packed, nt, kt, warps, base)
+            f0 = load_u32x4(packed, nt, kt * TILE_WORDS + base)
+            f1 = load_u32x4(packed, nt, (kt + warps) * TILE_WORDS + base)
+            f2 = load_u32x4(packed, nt, (kt + 2 * warps) * TILE_WORDS + base)
+            f3 = load_u32x4(packed, nt, (kt + 3 * warps) * TILE_WORDS + base)
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc)
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + warps, last), lane, f1, acc)
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * warps, last), lane, f2, acc)

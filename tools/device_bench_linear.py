@@ -6,7 +6,8 @@ Ours: the tensor-core kernel on packed bf16 W (linear_mma) and the GEMV kernel (
 bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a CUDA graph of
 20 back-to-back launches replayed 5 times, median per launch (no Python launch cost in it).
 GB/s counts the weight bytes once per launch; TFLOP/s is 2 M N K per launch. --variant loads
-the kernel module from a file instead (a copy with other tuning constants). --gemm times the
+the kernel module from a file instead (a copy with other tuning constants; with --gemm, a
+copy of gemm_mma.py). --gemm times the
 prefill kernel gemm_mma (x split included, and alone) against linear_mma and torch on the 8B
 shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's."""
 
@@ -20,9 +21,9 @@ from numba import cuda
 
 from vtllm.executor.cuda_graphs import CudaGraph
 from vtllm.kernels import QType
+from vtllm.kernels.cuda import gemm_mma as default_gemm_module
 from vtllm.kernels.cuda import linear
 from vtllm.kernels.cuda import linear_mma as default_module
-from vtllm.kernels.cuda.gemm_mma import gemm_mma, gemm_pays
 
 SHAPES = {  # name: (N, K)
     "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096),
@@ -68,10 +69,11 @@ def torch_us(fn, reps=20, rounds=5) -> float:
     return statistics.median(times)
 
 
-def bench_gemm(ms, shapes):
-    """gemm_mma against linear_mma (same split of x) and torch; 'bits' counts the outputs whose
-    bits differ from linear_mma's (must be 0)."""
+def bench_gemm(ms, shapes, gmod):
+    """gemm_mma (of module gmod) against linear_mma (same split of x) and torch; 'bits' counts
+    the outputs whose bits differ from linear_mma's (must be 0)."""
     mod = default_module
+    gemm_mma, gemm_pays = gmod.gemm_mma, gmod.gemm_pays
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
@@ -122,24 +124,33 @@ def bench_gemm(ms, shapes):
         torch.cuda.empty_cache()
 
 
+def load_variant(path):
+    spec = importlib.util.spec_from_file_location("variant", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ms", default="1,2,4,8,16,32,64")
     p.add_argument("--prefill", default="1024")
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--gemv", action="store_true", help="also time the GEMV kernel (M <= 8)")
-    p.add_argument("--variant", help="a copy of kernels/cuda/linear_mma.py to time instead")
+    p.add_argument(
+        "--variant",
+        help="a copy of kernels/cuda/linear_mma.py (with --gemm: of gemm_mma.py) to time instead",
+    )
     p.add_argument("--gemm", action="store_true", help="time gemm_mma (prefill) instead")
     p.add_argument("--gemm-ms", default="128,512,1024,4096")
     args = p.parse_args()
     if args.gemm:
-        bench_gemm([int(m) for m in args.gemm_ms.split(",")], args.shapes.split(","))
+        gmod = load_variant(args.variant) if args.variant else default_gemm_module
+        bench_gemm([int(m) for m in args.gemm_ms.split(",")], args.shapes.split(","), gmod)
         return
     mod = default_module
     if args.variant:
-        spec = importlib.util.spec_from_file_location("variant", args.variant)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = load_variant(args.variant)
         print(f"variant {args.variant}: WARPS={mod.WARPS} UNROLL={mod.UNROLL}")
     ms = [int(m) for m in args.ms.split(",")] + [int(m) for m in args.prefill.split(",") if m]
     stream = cuda.stream()

@@ -2,21 +2,25 @@
 with the operands shared through shared memory. Hot path: keep it lean.
 
 linear_mma gives each block one 16-row tile of W and 32 tokens and reads every fragment
-straight from global memory (L2): each warp moves 5 x 512 bytes per 8 mmas, so prefill is
-bound by L2, far from the tensor cores. Here a block owns BLOCK_TILES tiles of W (16 rows
-each) x BLOCK_GROUPS groups of 8 tokens; per K tile it copies those A tiles and x groups
-(both already in fragment order: W packed by pack_bf16, x split by split_x) into shared
-memory once, with cp.async, STAGES tiles ahead, and each warp takes a WT_M x WT_N sub-tile of
-it, reading every fragment with one conflict-free 128-bit load (a tile's 512 bytes are
-contiguous, lane L reads words 4L .. 4L + 3).
+straight from global memory (L2), so prefill there is bound by L2, far from the tensor cores.
+Here a block owns BLOCK_TILES tiles of W (16 rows each) x BLOCK_GROUPS groups of 8 tokens; it
+copies their K tiles (both already in fragment order: W packed by pack_bf16, x split by
+split_x) into shared memory with cp.async, a stage of two K tiles at a time, STAGES stages
+ahead, and each warp takes a WT_M x WT_N sub-tile of it, reading every fragment with one
+conflict-free 128-bit load (a tile's 512 bytes are contiguous, lane L reads words 4L .. 4L + 3).
+A warp loads the fragments of the next K tile before it runs this one's mmas (two register
+buffers), and the block meets at a barrier once per stage, so the tensor cores are fed while
+the loads are in flight.
 
 Bits: linear_mma's slice v (of S = w.slices) sums the K tiles v, v + S, v + 2 S, .. in order
 (each as c = mma(A, hi, c); c = mma(A, lo, c), from c = +0), then the slices' sums are added
 in slice order, then the bias. This kernel walks the K tiles in that order, residue class after
-residue class, each class into fresh accumulators p (from +0) that are then folded into the
-total S (S = p for the first class, S = S + p after): the same mma on the same fragments
-and the same float additions, so the same bits for every token, whatever M and whichever
-kernel runs the step. linear_mma's zero tiles padding K only add exact zeros: skipped here.
+residue class, each class into fresh register accumulators p (from +0) that are then folded
+into the running total, kept in shared memory (total = p for the first class, total + p
+after): the same mma on the same fragments and the same float additions, so the same bits for
+every token, whatever M and whichever kernel runs the step. linear_mma's zero tiles padding K
+only add exact zeros: skipped here. (The total lived in registers before, next to p: 254
+registers a thread and no room to load ahead; the tensor pipe was 28% busy.)
 """
 
 import numpy as np
@@ -24,33 +28,32 @@ from numba import cuda, float32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
 from vtllm.kernels.cuda._host import aligned, check, placeholder
-from vtllm.kernels.cuda._ptx import (
-    copy_async16,
-    copy_async_commit,
-    copy_async_waiter,
-    load_shared_u32x4,
-    mma_bf16,
-)
+from vtllm.kernels.cuda._ptx import copy_async_commit, copy_async_waiter, mma_bf16
+from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x4
+from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
 from vtllm.kernels.cuda.linear_mma import TILE_WORDS, PackedBF16, packed_shape
 
 # A warp's sub-tile: WT_M tiles of W (16 rows each) x WT_N groups of 8 tokens, 64 x 32 on the
-# GPU: 16 accumulator quads in p and 16 in S (128 registers) and 32 mmas per 8 fragment loads
-# (4 KB of shared memory per 32 mmas, about what an SM's shared memory serves per mma).
-# Warps WARPS_M x WARPS_N: a 128-row x 128-token block, 12 KB of operands per K tile.
-# The simulator runs every thread in Python: small tiles there, same code paths.
+# GPU: 16 accumulator quads (64 registers) and 32 mma pairs per 8 fragment loads (4 KB of
+# shared memory per 64 mmas). Warps WARPS_M x WARPS_N: a 128-row x 128-token block, 12 KB of
+# operands per K tile. The simulator runs every thread in Python: small tiles there, same code.
 if SIMULATOR:
     WT_M, WT_N, WARPS_M, WARPS_N, STAGES = 2, 1, 1, 2, 2
 else:
-    WT_M, WT_N, WARPS_M, WARPS_N, STAGES = 4, 4, 2, 4, 3
+    WT_M, WT_N, WARPS_M, WARPS_N, STAGES = 4, 4, 2, 4, 4
 BLOCK_TILES = WT_M * WARPS_M  # tiles of W (16 rows) per block
 BLOCK_GROUPS = WT_N * WARPS_N  # groups of 8 tokens per block
 THREADS = 32 * WARPS_M * WARPS_N
-A_WORDS = BLOCK_TILES * TILE_WORDS  # a stage: the A tiles, then the x groups
-STAGE_WORDS = (BLOCK_TILES + BLOCK_GROUPS) * TILE_WORDS
-A_REGS = 4 * WT_M  # one warp's A fragments
-ACCS = 4 * WT_M * WT_N  # accumulators per thread, in p and in S
-COPIES = STAGE_WORDS // 4 // THREADS  # 16-byte copies per thread per stage
-assert COPIES * THREADS * 4 == STAGE_WORDS and STAGES >= 2
+TILE_SPAN = (BLOCK_TILES + BLOCK_GROUPS) * TILE_WORDS  # one K tile: the A tiles, then x's
+STAGE_WORDS = 2 * TILE_SPAN  # a stage holds two K tiles
+A_FRAGS = 4 * WT_M  # one warp's A fragments of a K tile, per lane
+B_FRAGS = 4 * WT_N  # its x fragments (hi, hi, lo, lo per group)
+A_BUFFERS, B_BUFFERS = 2 * A_FRAGS, 2 * B_FRAGS  # two of each: this K tile's, the next's
+ACCS = 4 * WT_M * WT_N  # accumulators per thread
+SUMS_AT = STAGES * STAGE_WORDS  # the running totals, after the stages: [ACCS][THREADS]
+SHARED_BYTES = 4 * (SUMS_AT + ACCS * THREADS)  # 160 KB on the GPU: one block per SM
+COPIES = TILE_SPAN // 4 // THREADS  # 16-byte copies per thread per K tile
+assert COPIES * THREADS * 4 == TILE_SPAN and STAGES >= 2
 # DeviceWeight.matmul takes this kernel over linear_mma from GEMM_ABOVE tokens, and only when
 # the step has GEMM_MIN_BLOCKS block tiles or more: one block fills an SM and walks all of K,
 # so a small grid leaves SMs idle (8B qkv at M = 64, 48 blocks: 191 us here, 48 us in
@@ -59,46 +62,70 @@ assert COPIES * THREADS * 4 == STAGE_WORDS and STAGES >= 2
 GEMM_ABOVE = 128
 GEMM_MIN_BLOCKS = 2 if SIMULATOR else 128
 _REGISTERS = {} if SIMULATOR else {"max_registers": 255}
-_wait_stage = copy_async_waiter(STAGES - 2)  # the oldest stage in flight has landed
+_wait_next = copy_async_waiter(STAGES - 2)  # the oldest stage in flight has landed
 
 
 @cuda.jit(device=True)
-def _load(smem, stage, kt, xp, packed, tid, nt0, g0, last_tile, last_group):
-    """Copies K tile kt of the block's A tiles and x groups into smem[stage]; rows past W's
-    end and groups past x's read the last ones (their results are not written)."""
+def _copy_tile(ops, at, kt, xp, packed, tid, nt0, g0, last_tile, last_group):
+    """Copies K tile kt of the block's A tiles and x groups to ops[at ..]; rows past W's end
+    and groups past x's read the last ones (their results are not written)."""
     col = kt * TILE_WORDS
     for u in range(COPIES):
-        c = tid + u * THREADS  # 16-byte chunk c of the stage: unit c // 32, lane c % 32
+        c = tid + u * THREADS  # 16-byte chunk c of the tile: unit c // 32, lane c % 32
         unit, q = c // 32, 4 * (c % 32)
         if unit < BLOCK_TILES:
-            copy_async16(smem, stage, 4 * c, packed, imin(nt0 + unit, last_tile), col + q)
+            copy_async16_to(ops, at + 4 * c, packed, imin(nt0 + unit, last_tile), col + q)
         else:
             row = imin(g0 + unit - BLOCK_TILES, last_group)
-            copy_async16(smem, stage, 4 * c, xp, row, col + q)
+            copy_async16_to(ops, at + 4 * c, xp, row, col + q)
 
 
 @cuda.jit(device=True)
-def _step(smem, stage, wm, wn, lane, a, p):
-    """p += this warp's sub-tile of one K tile (smem[stage]): per A tile and x group,
-    c = mma(A, hi, c); c = mma(A, lo, c), as linear_mma."""
+def _fragments(ops, at, wm, wn, lane, fa, fb, buf):
+    """This warp's fragments of the K tile at ops[at ..] into register buffer buf (0 or 1)."""
     for i in range(WT_M):
-        a0, a1, a2, a3 = load_shared_u32x4(smem, stage, (wm * WT_M + i) * TILE_WORDS + 4 * lane)
-        a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3] = a0, a1, a2, a3
+        a0, a1, a2, a3 = shared_u32x4(ops, at + (wm * WT_M + i) * TILE_WORDS + 4 * lane)
+        e = buf * A_FRAGS + 4 * i
+        fa[e], fa[e + 1], fa[e + 2], fa[e + 3] = a0, a1, a2, a3
     for j in range(WT_N):
-        col = A_WORDS + (wn * WT_N + j) * TILE_WORDS + 4 * lane
-        h0, h1, l0, l1 = load_shared_u32x4(smem, stage, col)
+        h0, h1, l0, l1 = shared_u32x4(
+            ops, at + (BLOCK_TILES + wn * WT_N + j) * TILE_WORDS + 4 * lane
+        )
+        e = buf * B_FRAGS + 4 * j
+        fb[e], fb[e + 1], fb[e + 2], fb[e + 3] = h0, h1, l0, l1
+
+
+@cuda.jit(device=True)
+def _mmas(fa, fb, buf, p):
+    """p += the warp's sub-tile of one K tile from register buffer buf: per A tile and x
+    group, c = mma(A, hi, c); c = mma(A, lo, c), as linear_mma."""
+    for j in range(WT_N):
+        e = buf * B_FRAGS + 4 * j
+        h0, h1, l0, l1 = fb[e], fb[e + 1], fb[e + 2], fb[e + 3]
         for i in range(WT_M):
+            f = buf * A_FRAGS + 4 * i
+            a0, a1, a2, a3 = fa[f], fa[f + 1], fa[f + 2], fa[f + 3]
             b = 4 * (i * WT_N + j)
-            a0, a1, a2, a3 = a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]
             c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, h0, h1, p[b], p[b + 1], p[b + 2], p[b + 3])
             c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
             p[b], p[b + 1], p[b + 2], p[b + 3] = c0, c1, c2, c3
+
+
+@cuda.jit(device=True)
+def _fold(sums, p, tid, first):
+    """A residue class is complete: total = p (first class) or total + p, in linear_mma's
+    slice order; p restarts from +0. Each thread owns its totals (no barrier needed)."""
+    for e in range(ACCS):
+        at = SUMS_AT + e * THREADS + tid
+        sums[at] = p[e] if first else sums[at] + p[e]
+        p[e] = np.float32(0.0)
 
 
 @cuda.jit(cache=True, **_REGISTERS)
 def _gemm_kernel(xp, packed, bias, has_bias, out, residues):
     M, N = out.shape
     ktiles = xp.shape[1] // TILE_WORDS  # real K tiles (x has no padding)
+    nstages = (ktiles + 1) // 2
     last_group = xp.shape[0] - 1
     last_tile = N // 16 - 1
     tid = cuda.threadIdx.x
@@ -106,48 +133,68 @@ def _gemm_kernel(xp, packed, bias, has_bias, out, residues):
     wm, wn = warp // WARPS_N, warp % WARPS_N
     nt0 = cuda.blockIdx.y * BLOCK_TILES
     g0 = cuda.blockIdx.x * BLOCK_GROUPS
-    smem = cuda.shared.array((STAGES, STAGE_WORDS), uint32)  # the only one: 16-byte aligned
-    a = cuda.local.array(A_REGS, uint32)  # registers: every index is constant once unrolled
+    ops = cuda.shared.array(0, uint32)  # dynamic: the stages, then the totals
+    sums = cuda.shared.array(0, float32)  # the same memory, read as floats past SUMS_AT
+    fa = cuda.local.array(A_BUFFERS, uint32)  # registers: constant indices once unrolled
+    fb = cuda.local.array(B_BUFFERS, uint32)
     p = cuda.local.array(ACCS, float32)
-    s = cuda.local.array(ACCS, float32)
     for e in range(ACCS):
         p[e] = np.float32(0.0)
-        s[e] = np.float32(0.0)
 
-    # The K tiles in the order they are summed: residue class r = 0, 1, .. (tiles r,
-    # r + residues, ..); the copies run STAGES - 1 tiles ahead of the mmas.
+    # Position q of the summation order is K tile kt(q): residue class r = 0, 1, .. (tiles r,
+    # r + residues, ..). Stage s holds positions 2 s and 2 s + 1; copies run STAGES - 1 stages
+    # ahead of the mmas, one commit group per stage, empty or not (wait_group counts them).
     load_r = load_kt = 0
-    for st in range(STAGES - 1):
-        if st < ktiles:
-            _load(smem, st, load_kt, xp, packed, tid, nt0, g0, last_tile, last_group)
-            load_kt += residues
-            if load_kt >= ktiles:
-                load_r += 1
-                load_kt = load_r
-        copy_async_commit()  # one group per tile, empty or not: wait_group counts them
-    r = kt = 0
-    for step in range(ktiles):
-        _wait_stage()
-        cuda.syncthreads()  # all copies of this tile landed; all warps are done with the last
-        if step + STAGES - 1 < ktiles:
-            nxt = (step + STAGES - 1) % STAGES
-            _load(smem, nxt, load_kt, xp, packed, tid, nt0, g0, last_tile, last_group)
-            load_kt += residues
-            if load_kt >= ktiles:
-                load_r += 1
-                load_kt = load_r
+    for s in range(STAGES - 1):
+        for t in range(2):
+            if 2 * s + t < ktiles:
+                at = s * STAGE_WORDS + t * TILE_SPAN
+                _copy_tile(ops, at, load_kt, xp, packed, tid, nt0, g0, last_tile, last_group)
+                load_kt += residues
+                if load_kt >= ktiles:
+                    load_r += 1
+                    load_kt = load_r
         copy_async_commit()
-        _step(smem, step % STAGES, wm, wn, lane, a, p)
+    _wait_next()
+    cuda.syncthreads()
+    _fragments(ops, 0, wm, wn, lane, fa, fb, 0)
+
+    r = kt = 0
+    for s in range(nstages):
+        # refill the slot stage s - 1 used: every warp read it before the last barrier
+        ahead = s + STAGES - 1
+        if ahead < nstages:
+            for t in range(2):
+                if 2 * ahead + t < ktiles:
+                    at = (ahead % STAGES) * STAGE_WORDS + t * TILE_SPAN
+                    _copy_tile(ops, at, load_kt, xp, packed, tid, nt0, g0, last_tile, last_group)
+                    load_kt += residues
+                    if load_kt >= ktiles:
+                        load_r += 1
+                        load_kt = load_r
+        copy_async_commit()
+        here = (s % STAGES) * STAGE_WORDS
+        # first K tile of the stage (buffer 0); the second's fragments load meanwhile
+        _fragments(ops, here + TILE_SPAN, wm, wn, lane, fa, fb, 1)
+        _mmas(fa, fb, 0, p)
         kt += residues
-        if kt >= ktiles:  # class r complete: fold it in, as linear_mma adds warp r's partial
-            for e in range(ACCS):
-                s[e] = p[e] if r == 0 else s[e] + p[e]
-                p[e] = np.float32(0.0)
+        if kt >= ktiles:
+            _fold(sums, p, tid, r == 0)
             r += 1
             kt = r
-    if ktiles < residues:  # linear_mma's idle warps add +0 (turns a -0 into +0)
-        for e in range(ACCS):
-            s[e] += np.float32(0.0)
+        # second K tile (buffer 1); the next stage's first tile loads once it has landed
+        _wait_next()
+        cuda.syncthreads()
+        _fragments(ops, ((s + 1) % STAGES) * STAGE_WORDS, wm, wn, lane, fa, fb, 0)
+        if 2 * s + 1 < ktiles:
+            _mmas(fa, fb, 1, p)
+            kt += residues
+            if kt >= ktiles:
+                _fold(sums, p, tid, r == 0)
+                r += 1
+                kt = r
+    # linear_mma's idle warps add +0 when there are fewer K tiles than slices (turns -0 to +0)
+    zero_fix = ktiles < residues
 
     g, t = lane // 4, lane % 4
     for i in range(WT_M):
@@ -157,7 +204,9 @@ def _gemm_kernel(xp, packed, bias, has_bias, out, residues):
             for e in range(4):  # c0, c1: row g, tokens 2t, 2t + 1; c2, c3: row g + 8
                 rr, tk = row + 8 * (e // 2), tok + e % 2
                 if tk < M and rr < N:
-                    v = s[4 * (i * WT_N + j) + e]
+                    v = sums[SUMS_AT + (4 * (i * WT_N + j) + e) * THREADS + tid]
+                    if zero_fix:
+                        v += np.float32(0.0)
                     if has_bias:
                         v += bias[rr]
                     out[tk, rr] = v
@@ -190,5 +239,7 @@ def gemm_mma(xp, w: PackedBF16, out, *, bias=None, stream=0) -> None:
     has_bias = bias is not None
     if not has_bias:
         bias = placeholder(np.float32)
+    args = (xp, packed, bias, has_bias, out, w.slices)
+    allow_dynamic_shared(_gemm_kernel, args, SHARED_BYTES)
     grid = (-(-xp.shape[0] // BLOCK_GROUPS), -(-(n // 16) // BLOCK_TILES))
-    _gemm_kernel[grid, THREADS, stream](xp, packed, bias, has_bias, out, w.slices)
+    _gemm_kernel[grid, THREADS, stream, SHARED_BYTES](*args)

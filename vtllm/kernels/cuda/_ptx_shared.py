@@ -1,0 +1,74 @@
+"""Shared-memory accesses of the tiled tensor-core kernels, on 1-D shared arrays addressed by a
+32-bit shared-window address (the array's base converted once, hoisted out of loops, and the
+index added in 32 bits: a 64-bit generic pointer converted inside every access costs several
+integer instructions and registers per access).
+
+  shared_u32x4(s, i): s[i .. i + 3] of a uint32 shared array in one 128-bit load
+      (`ld.shared.v4.u32`); i % 4 == 0.
+  copy_async16_to(s, i, a, row, col): the four uint32 a[row, col .. col + 3] copied to
+      s[i .. i + 3] without passing through registers (`cp.async.cg.shared.global`, 16 bytes,
+      cached in L2 only); both 16-byte aligned. Completion: _ptx's copy_async_commit and
+      copy_async_waiter, then a barrier.
+
+Both are kept in program order against the other side-effecting PTX (barriers, waits), so a
+load never moves above the barrier that publishes what it reads. Under numba's simulator they
+are plain indexing (a copy lands at once).
+"""
+
+from vtllm.kernels.cuda._device import SIMULATOR
+
+if SIMULATOR:
+
+    def shared_u32x4(s, i):
+        return s[i], s[i + 1], s[i + 2], s[i + 3]
+
+    def copy_async16_to(s, i, a, row, col):
+        for u in range(4):
+            s[i + u] = a[row, col + u]
+
+else:
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    from vtllm.kernels.cuda._ptx import _pointer_at
+
+    _I32 = ir.IntType(32)
+
+    def shared_address(context, builder, aryty, ary_value, index_type, index_value):
+        """32-bit shared-window address of s[i], s a 1-D shared array of 4-byte items (numba
+        hands it around as a generic pointer; the cast back to the shared window is pure, so
+        LLVM hoists it out of loops)."""
+        ary = context.make_array(aryty)(context, builder, ary_value)
+        shared = builder.addrspacecast(ary.data, ir.PointerType(ary.data.type.pointee, 3))
+        base = builder.trunc(builder.ptrtoint(shared, ir.IntType(64)), _I32)
+        i = builder.trunc(context.cast(builder, index_value, index_type, types.int64), _I32)
+        return builder.add(base, builder.shl(i, ir.Constant(_I32, 2)))
+
+    @intrinsic
+    def shared_u32x4(typingctx, s, i):
+        sig = types.UniTuple(types.uint32, 4)(s, i)
+
+        def codegen(context, builder, sig, args):
+            addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32])
+            text = "ld.shared.v4.u32 {$0,$1,$2,$3}, [$4];"
+            res = builder.call(ir.InlineAsm(fnty, text, "=r,=r,=r,=r,r", side_effect=True), [addr])
+            parts = [builder.extract_value(res, n) for n in range(4)]
+            return context.make_tuple(builder, sig.return_type, parts)
+
+        return sig, codegen
+
+    @intrinsic
+    def copy_async16_to(typingctx, s, i, a, row, col):
+        sig = types.void(s, i, a, row, col)
+
+        def codegen(context, builder, sig, args):
+            dst = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            src = _pointer_at(context, builder, sig.args[2:], args[2:])
+            fnty = ir.FunctionType(ir.VoidType(), [_I32, src.type])
+            text = "cp.async.cg.shared.global [$0], [$1], 16;"
+            builder.call(ir.InlineAsm(fnty, text, "r,l,~{memory}", side_effect=True), [dst, src])
+            return context.get_dummy_value()
+
+        return sig, codegen

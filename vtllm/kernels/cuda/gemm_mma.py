@@ -24,7 +24,7 @@ registers a thread and no room to load ahead; the tensor pipe was 28% busy.)
 """
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
 from vtllm.kernels.cuda._host import aligned, check, placeholder
@@ -52,8 +52,12 @@ A_BUFFERS, B_BUFFERS = 2 * A_FRAGS, 2 * B_FRAGS  # two of each: this K tile's, t
 ACCS = 4 * WT_M * WT_N  # accumulators per thread
 SUMS_AT = STAGES * STAGE_WORDS  # the running totals, after the stages: [ACCS][THREADS]
 SHARED_BYTES = 4 * (SUMS_AT + ACCS * THREADS)  # 160 KB on the GPU: one block per SM
-COPIES = TILE_SPAN // 4 // THREADS  # 16-byte copies per thread per K tile
-assert COPIES * THREADS * 4 == TILE_SPAN and STAGES >= 2
+A_WORDS = BLOCK_TILES * TILE_WORDS
+A_COPIES = BLOCK_TILES * 32 // THREADS  # 16-byte copies per thread per K tile, of W's tiles
+X_COPIES = BLOCK_GROUPS * 32 // THREADS  # and of x's groups
+COPIES = A_COPIES + X_COPIES
+assert A_COPIES * THREADS == BLOCK_TILES * 32 and X_COPIES * THREADS == BLOCK_GROUPS * 32
+assert STAGES >= 2
 # DeviceWeight.matmul takes this kernel over linear_mma from GEMM_ABOVE tokens, and only when
 # the step has GEMM_MIN_BLOCKS block tiles or more: one block fills an SM and walks all of K,
 # so a small grid leaves SMs idle (8B qkv at M = 64, 48 blocks: 191 us here, 48 us in
@@ -66,18 +70,16 @@ _wait_next = copy_async_waiter(STAGES - 2)  # the oldest stage in flight has lan
 
 
 @cuda.jit(device=True)
-def _copy_tile(ops, at, kt, xp, packed, tid, nt0, g0, last_tile, last_group):
-    """Copies K tile kt of the block's A tiles and x groups to ops[at ..]; rows past W's end
-    and groups past x's read the last ones (their results are not written)."""
-    col = kt * TILE_WORDS
-    for u in range(COPIES):
-        c = tid + u * THREADS  # 16-byte chunk c of the tile: unit c // 32, lane c % 32
-        unit, q = c // 32, 4 * (c % 32)
-        if unit < BLOCK_TILES:
-            copy_async16_to(ops, at + 4 * c, packed, imin(nt0 + unit, last_tile), col + q)
-        else:
-            row = imin(g0 + unit - BLOCK_TILES, last_group)
-            copy_async16_to(ops, at + 4 * c, xp, row, col + q)
+def _copy_tile(ops, at, kt, xp, packed, tid, rows):
+    """Copies K tile kt of the block's A tiles and x groups to ops[at ..]: thread tid's
+    16-byte chunks tid, tid + THREADS, .. (chunk c: unit c // 32, lane c % 32), from the rows
+    of packed and xp that rows holds (see the kernel)."""
+    col = kt * TILE_WORDS + 4 * (tid % 32)
+    for u in range(A_COPIES):
+        copy_async16_to(ops, at + 4 * (tid + u * THREADS), packed, rows[u], col)
+    for u in range(X_COPIES):
+        c = tid + u * THREADS
+        copy_async16_to(ops, at + A_WORDS + 4 * c, xp, rows[A_COPIES + u], col)
 
 
 @cuda.jit(device=True)
@@ -140,6 +142,13 @@ def _gemm_kernel(xp, packed, bias, has_bias, out, residues):
     p = cuda.local.array(ACCS, float32)
     for e in range(ACCS):
         p[e] = np.float32(0.0)
+    # the rows this thread copies from, the same for every K tile: W's row tile, x's token
+    # group (past W's end or x's, the last one: those results are not written)
+    rows = cuda.local.array(COPIES, int32)
+    for u in range(A_COPIES):
+        rows[u] = imin(nt0 + (tid + u * THREADS) // 32, last_tile)
+    for u in range(X_COPIES):
+        rows[A_COPIES + u] = imin(g0 + (tid + u * THREADS) // 32, last_group)
 
     # Position q of the summation order is K tile kt(q): residue class r = 0, 1, .. (tiles r,
     # r + residues, ..). Stage s holds positions 2 s and 2 s + 1; copies run STAGES - 1 stages
@@ -149,7 +158,7 @@ def _gemm_kernel(xp, packed, bias, has_bias, out, residues):
         for t in range(2):
             if 2 * s + t < ktiles:
                 at = s * STAGE_WORDS + t * TILE_SPAN
-                _copy_tile(ops, at, load_kt, xp, packed, tid, nt0, g0, last_tile, last_group)
+                _copy_tile(ops, at, load_kt, xp, packed, tid, rows)
                 load_kt += residues
                 if load_kt >= ktiles:
                     load_r += 1
@@ -167,7 +176,7 @@ def _gemm_kernel(xp, packed, bias, has_bias, out, residues):
             for t in range(2):
                 if 2 * ahead + t < ktiles:
                     at = (ahead % STAGES) * STAGE_WORDS + t * TILE_SPAN
-                    _copy_tile(ops, at, load_kt, xp, packed, tid, nt0, g0, last_tile, last_group)
+                    _copy_tile(ops, at, load_kt, xp, packed, tid, rows)
                     load_kt += residues
                     if load_kt >= ktiles:
                         load_r += 1

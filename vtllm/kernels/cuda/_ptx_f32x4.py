@@ -33,18 +33,9 @@ else:
     from numba.cuda.extending import intrinsic
 
     from vtllm.kernels.cuda._ptx import _asm_tuple, _cast_all, _item_pointer
+    from vtllm.kernels.cuda._ptx_shared import shared_address
 
     _F32, _I32 = ir.FloatType(), ir.IntType(32)
-
-    def _shared_u32(context, builder, aryty, ary_value, index_type, index_value):
-        """32-bit shared-window address of s[i], s a 1-D float32 shared array (numba hands
-        it around as a generic pointer; the cast back to the shared window is pure, so LLVM
-        hoists it out of loops)."""
-        ary = context.make_array(aryty)(context, builder, ary_value)
-        shared = builder.addrspacecast(ary.data, ir.PointerType(_F32, 3))
-        base = builder.trunc(builder.ptrtoint(shared, ir.IntType(64)), _I32)
-        i = builder.trunc(context.cast(builder, index_value, index_type, types.int64), _I32)
-        return builder.add(base, builder.shl(i, ir.Constant(_I32, 2)))
 
     @intrinsic
     def load_f32x4(typingctx, a, i, j, k, d):
@@ -62,7 +53,7 @@ else:
         sig = types.UniTuple(types.float32, 4)(s, i)
 
         def codegen(context, builder, sig, args):
-            addr = _shared_u32(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
             text = "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];"
             # side effects: keeps the load after the barrier that publishes what it reads
             fnty = ir.FunctionType(ir.LiteralStructType([_F32] * 4), [_I32])
@@ -78,7 +69,7 @@ else:
         sig = types.void(s, i, v0, v1, v2, v3)
 
         def codegen(context, builder, sig, args):
-            addr = _shared_u32(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
             vals = _cast_all(context, builder, args[2:], sig.args[2:], types.float32)
             text = "st.shared.v4.f32 [$0], {$1,$2,$3,$4};"
             fnty = ir.FunctionType(ir.VoidType(), [_I32] + [_F32] * 4)

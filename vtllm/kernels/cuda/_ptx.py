@@ -14,14 +14,11 @@
       about 2^-17 relative (`cvt.rn.bf16x2.f32` twice, two subtractions).
   load_f32x2(a, row, col): a[row, col] and a[row, col + 1] in one 64-bit load; col even and
       the row start 8-byte aligned.
-  load_shared_u32x4(s, row, col): load_u32x4 from a shared-memory array (`ld.shared.v4.u32`).
-  copy_async16(s, srow, scol, a, row, col): the four uint32 a[row, col ..] copied to
-      s[srow, scol ..] (shared) without passing through registers, `cp.async.cg.shared.global`
-      (16 bytes, cached in L2 only); both addresses 16-byte aligned. It lands some time later:
-  copy_async_commit(): closes the group of this thread's copies issued since the last commit
-      (`cp.async.commit_group`); copy_async_waiter(n) makes a function that waits until at most
-      n of this thread's groups are still in flight (`cp.async.wait_group n`). Other threads
-      see the data only after a barrier that follows the wait.
+  copy_async_commit(): closes the group of this thread's cp.async copies (_ptx_shared's
+      copy_async16_to) issued since the last commit (`cp.async.commit_group`);
+      copy_async_waiter(n) makes a function that waits until at most n of this thread's groups
+      are still in flight (`cp.async.wait_group n`). Other threads see the data only after a
+      barrier that follows the wait.
 
 numba's simulator has no inline PTX: there the loads are plain indexing and the mma is
 computed in float64 from the whole warp's fragments, exchanged through the block like the
@@ -41,12 +38,6 @@ if SIMULATOR:
 
     def load_f32x2(a, row, col):
         return a[row, col], a[row, col + 1]
-
-    load_shared_u32x4 = load_u32x4
-
-    def copy_async16(s, srow, scol, a, row, col):  # lands at once: stronger than the GPU's
-        for i in range(4):
-            s[srow, scol + i] = a[row, col + i]
 
     def copy_async_commit():
         pass
@@ -155,35 +146,6 @@ else:
         asm = ir.InlineAsm(fnty, text, constraints + ("," if constraints else "") + "~{memory}",
                            side_effect=True)  # fmt: skip
         builder.call(asm, values)
-
-    @intrinsic
-    def load_shared_u32x4(typingctx, s, row, col):
-        sig = types.UniTuple(types.uint32, 4)(s, row, col)
-
-        def codegen(context, builder, sig, args):
-            ptr = _item_pointer(context, builder, sig, args)  # generic: to the shared window
-            text = (
-                "{ .reg .u64 sp; cvta.to.shared.u64 sp, $4; ld.shared.v4.u32 {$0,$1,$2,$3}, [sp]; }"
-            )
-            return _asm_tuple(context, builder, sig, text, "=r,=r,=r,=r,l", _I32, [ptr.type], [ptr])
-
-        return sig, codegen
-
-    @intrinsic
-    def copy_async16(typingctx, s, srow, scol, a, row, col):
-        sig = types.void(s, srow, scol, a, row, col)
-
-        def codegen(context, builder, sig, args):
-            dst = _pointer_at(context, builder, sig.args[:3], args[:3])
-            src = _pointer_at(context, builder, sig.args[3:], args[3:])
-            text = (
-                "{ .reg .u64 sp; cvta.to.shared.u64 sp, $0;"
-                " cp.async.cg.shared.global [sp], [$1], 16; }"
-            )
-            _asm_void(builder, text, "l,l", [dst.type, src.type], [dst, src])
-            return context.get_dummy_value()
-
-        return sig, codegen
 
     @intrinsic
     def copy_async_commit(typingctx):

@@ -27,11 +27,10 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
-from vtllm.kernels.cuda._host import aligned, check, placeholder
 from vtllm.kernels.cuda._ptx import copy_async_commit, copy_async_waiter, mma_bf16
 from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x4
 from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
-from vtllm.kernels.cuda.linear_mma import TILE_WORDS, PackedBF16, packed_shape
+from vtllm.kernels.cuda.linear_mma import TILE_WORDS, PackedBF16, check_split_step
 
 # A warp's sub-tile: WT_M tiles of W (16 rows each) x WT_N groups of 8 tokens, 64 x 32 on the
 # GPU: 16 accumulator quads (64 registers) and 32 mma pairs per 8 fragment loads (4 KB of
@@ -231,24 +230,12 @@ def gemm_mma(xp, w: PackedBF16, out, *, bias=None, stream=0) -> None:
     """out[M, N] = x @ W.T (+ bias[N]) for x split by split_x into xp (its return value for
     x [M, K]) and W packed by pack_bf16: the same bits as linear_mma(x, w, out, bias=bias),
     faster on steps of many tokens. Device arrays; out must not overlap xp."""
-    check("gemm_mma", "out", out, np.float32, 2)
+    has_bias = bias is not None
+    bias = check_split_step("gemm_mma", xp, w, out, bias)
     m, n = out.shape
-    k = w.k
-    if n != w.n:
-        raise ValueError(f"gemm_mma: out {out.shape} does not fit W [{w.n}, {w.k}]")
-    check("gemm_mma", "xp", xp, np.uint32, 2, (-(-m // 8), 8 * k))
-    packed = w.data
-    check("gemm_mma", "packed W", packed, np.uint32, 2, packed_shape(n, k))
-    if not aligned(packed, 16) or not aligned(xp, 16):
-        raise ValueError("gemm_mma: packed W and xp must start on a 16-byte boundary")
-    if bias is not None:
-        check("gemm_mma", "bias", bias, np.float32, 1, (n,))
     if m == 0:
         return
-    has_bias = bias is not None
-    if not has_bias:
-        bias = placeholder(np.float32)
-    args = (xp, packed, bias, has_bias, out, w.slices)
+    args = (xp, w.data, bias, has_bias, out, w.slices)
     allow_dynamic_shared(_gemm_kernel, args, SHARED_BYTES)
     grid = (-(-xp.shape[0] // BLOCK_GROUPS), -(-(n // 16) // BLOCK_TILES))
     _gemm_kernel[grid, THREADS, stream, SHARED_BYTES](*args)

@@ -333,6 +333,23 @@ def split_x(x, x_scratch, *, stream=0):
     return xp
 
 
+def check_split_step(op: str, xp, w: PackedBF16, out, bias):
+    """The checks of a kernel that reads x split by split_x (xp) and W packed by pack_bf16:
+    shapes, dtypes, 16-byte alignment; returns the bias to pass (a placeholder when absent)."""
+    check(op, "out", out, np.float32, 2)
+    m, n = out.shape
+    if n != w.n:
+        raise ValueError(f"{op}: out {out.shape} does not fit W [{w.n}, {w.k}]")
+    check(op, "xp", xp, np.uint32, 2, (-(-m // 8), 8 * w.k))
+    check(op, "packed W", w.data, np.uint32, 2, packed_shape(n, w.k))
+    if not aligned(w.data, 16) or not aligned(xp, 16):
+        raise ValueError(f"{op}: packed W and xp must start on a 16-byte boundary")
+    if bias is None:
+        return placeholder(np.float32)
+    check(op, "bias", bias, np.float32, 1, (n,))
+    return bias
+
+
 def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, stream=0) -> None:
     """out[M, N] = x[M, K] @ W.T (+ bias[N]) for W packed by pack_bf16. Device arrays; out
     must not overlap x. With x_scratch (uint32, at least x_scratch_words(M, K)), steps of more

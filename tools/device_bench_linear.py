@@ -1,13 +1,15 @@
 # ruff: noqa: E501
 """Linear kernels against torch on the same shapes, on the GPU machine (after .device/bootstrap.sh):
     python3 tools/device_bench_linear.py [--ms 1,2,4,8,16,32,64] [--prefill 1024] [--variant F]
+        [--rows]
     python3 tools/device_bench_linear.py --gemm [--gemm-ms 128,512,1024,4096] [--shapes ...]
 Ours: the tensor-core kernel on packed bf16 W (linear_mma) and the GEMV kernel (linear, bf16
 bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a CUDA graph of
 20 back-to-back launches replayed 5 times, median per launch (no Python launch cost in it).
 GB/s counts the weight bytes once per launch; TFLOP/s is 2 M N K per launch. --variant loads
 the kernel module from a file instead (a copy with other tuning constants; with --gemm, a
-copy of gemm_mma.py). --gemm times the
+copy of gemm_mma.py). --rows adds linear_rows (batched decode, both row-tile counts, bits
+checked against linear_mma) for M > 8. --gemm times the
 prefill kernel gemm_mma (x split included, and alone) against linear_mma and torch on the 8B
 shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's."""
 
@@ -24,6 +26,7 @@ from vtllm.kernels import QType
 from vtllm.kernels.cuda import gemm_mma as default_gemm_module
 from vtllm.kernels.cuda import linear
 from vtllm.kernels.cuda import linear_mma as default_module
+from vtllm.kernels.cuda.linear_rows import ROWS_NARROW, ROWS_WIDE, linear_rows, rows_fit
 
 SHAPES = {  # name: (N, K)
     "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096),
@@ -124,6 +127,26 @@ def bench_gemm(ms, shapes, gmod):
         torch.cuda.empty_cache()
 
 
+def bench_rows(stream, mod, x, xs, packed, out):
+    """linear_rows at both row-tile counts: us, and outputs whose bits differ from
+    linear_mma's (must be 0)."""
+    mod.linear_mma(x, packed, out, x_scratch=xs, stream=stream)
+    ref = out.copy_to_host(stream=stream)
+    xp = mod.split_x(x, xs, stream=stream)
+    cells = []
+    for rows in (ROWS_WIDE, ROWS_NARROW):
+        linear_rows(xp, packed, out, rows=rows, stream=stream)
+        bad = int(
+            np.count_nonzero(out.copy_to_host(stream=stream).view(np.uint32) != ref.view(np.uint32))
+        )
+
+        def fn(x=x, xs=xs, p=packed, o=out, rows=rows):
+            linear_rows(mod.split_x(x, xs, stream=stream), p, o, rows=rows, stream=stream)
+
+        cells.append(f"rows{rows} {numba_us(stream, fn):7.1f} us bits {bad}")
+    return "  ".join(cells)
+
+
 def load_variant(path):
     spec = importlib.util.spec_from_file_location("variant", path)
     mod = importlib.util.module_from_spec(spec)
@@ -142,6 +165,9 @@ def main():
         help="a copy of kernels/cuda/linear_mma.py (with --gemm: of gemm_mma.py) to time instead",
     )
     p.add_argument("--gemm", action="store_true", help="time gemm_mma (prefill) instead")
+    p.add_argument(
+        "--rows", action="store_true", help="also time linear_rows (M > 8; x split included)"
+    )
     p.add_argument("--gemm-ms", default="128,512,1024,4096")
     args = p.parse_args()
     if args.gemm:
@@ -156,7 +182,7 @@ def main():
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
-        f"{'shape':14s} {'M':>5s} {'ours us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} {'torch us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} {'ours/torch':>10s} {'gemv us':>8s}"
+        f"{'shape':14s} {'M':>5s} {'ours us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} {'torch us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} {'ours/torch':>10s} {'gemv / rows':>8s}"
     )
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
@@ -174,6 +200,8 @@ def main():
 
             ours = numba_us(stream, ours_fn)
             gemv = ""
+            if args.rows and m > 8 and rows_fit(packed):
+                gemv = bench_rows(stream, mod, x, xs, packed, out)
             if args.gemv and m <= 8:
                 gemv = f"{numba_us(stream, lambda x=x, w=w_bits, o=out: linear(x, w, QType.BF16, o, stream=stream)):8.1f}"
             xt = torch.randn(m, k, device="cuda").to(torch.bfloat16)

@@ -132,13 +132,14 @@ def bench_rows(stream, mod, x, xs, packed, out):
     linear_mma's (must be 0)."""
     mod.linear_mma(x, packed, out, x_scratch=xs, stream=stream)
     ref = out.copy_to_host(stream=stream)
+    stream.synchronize()
     xp = mod.split_x(x, xs, stream=stream)
     cells = []
     for rows in (ROWS_WIDE, ROWS_NARROW):
         linear_rows(xp, packed, out, rows=rows, stream=stream)
-        bad = int(
-            np.count_nonzero(out.copy_to_host(stream=stream).view(np.uint32) != ref.view(np.uint32))
-        )
+        got = out.copy_to_host(stream=stream)
+        stream.synchronize()
+        bad = int(np.count_nonzero(got.view(np.uint32) != ref.view(np.uint32)))
 
         def fn(x=x, xs=xs, p=packed, o=out, rows=rows):
             linear_rows(mod.split_x(x, xs, stream=stream), p, o, rows=rows, stream=stream)

@@ -8,7 +8,7 @@ bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a 
 20 back-to-back launches replayed 5 times, median per launch (no Python launch cost in it).
 GB/s counts the weight bytes once per launch; TFLOP/s is 2 M N K per launch. --variant loads
 the kernel module from a file instead (a copy with other tuning constants; with --gemm, a
-copy of gemm_mma.py). --rows adds linear_rows (batched decode, both row-tile counts, bits
+copy of gemm_mma.py). --rows adds linear_rows (batched decode, bits
 checked against linear_mma) for M > 8. --gemm times the
 prefill kernel gemm_mma (x split included, and alone) against linear_mma and torch on the 8B
 shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's."""
@@ -26,7 +26,7 @@ from vtllm.kernels import QType
 from vtllm.kernels.cuda import gemm_mma as default_gemm_module
 from vtllm.kernels.cuda import linear
 from vtllm.kernels.cuda import linear_mma as default_module
-from vtllm.kernels.cuda.linear_rows import ROWS_NARROW, ROWS_WIDE, linear_rows, rows_fit
+from vtllm.kernels.cuda.linear_rows import linear_rows, rows_fit
 
 SHAPES = {  # name: (N, K)
     "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096),
@@ -128,24 +128,19 @@ def bench_gemm(ms, shapes, gmod):
 
 
 def bench_rows(stream, mod, x, xs, packed, out):
-    """linear_rows at both row-tile counts: us, and outputs whose bits differ from
-    linear_mma's (must be 0)."""
+    """linear_rows: us, and the outputs whose bits differ from linear_mma's (must be 0)."""
     mod.linear_mma(x, packed, out, x_scratch=xs, stream=stream)
     ref = out.copy_to_host(stream=stream)
     stream.synchronize()
-    xp = mod.split_x(x, xs, stream=stream)
-    cells = []
-    for rows in (ROWS_WIDE, ROWS_NARROW):
-        linear_rows(xp, packed, out, rows=rows, stream=stream)
-        got = out.copy_to_host(stream=stream)
-        stream.synchronize()
-        bad = int(np.count_nonzero(got.view(np.uint32) != ref.view(np.uint32)))
+    linear_rows(mod.split_x(x, xs, stream=stream), packed, out, stream=stream)
+    got = out.copy_to_host(stream=stream)
+    stream.synchronize()
+    bad = int(np.count_nonzero(got.view(np.uint32) != ref.view(np.uint32)))
 
-        def fn(x=x, xs=xs, p=packed, o=out, rows=rows):
-            linear_rows(mod.split_x(x, xs, stream=stream), p, o, rows=rows, stream=stream)
+    def fn():
+        linear_rows(mod.split_x(x, xs, stream=stream), packed, out, stream=stream)
 
-        cells.append(f"rows{rows} {numba_us(stream, fn):7.1f} us bits {bad}")
-    return "  ".join(cells)
+    return f"rows {numba_us(stream, fn):7.1f} us bits {bad}"
 
 
 def load_variant(path):

@@ -1,13 +1,15 @@
 """linear_rows (several row tiles of W per block, batched decode) against linear_mma, bit for
-bit, and the float64 reference, at both row-tile counts; bad inputs refused. Under the
-simulator the row-tile counts are 2 and 1, so the shapes below still cover a partial last
-block of rows, partial token groups, K padded in W's packing and fewer K tiles than slices."""
+bit, and the float64 reference; DeviceWeight.matmul's routing; bad inputs refused. The shapes
+cover a partial last block of rows, partial token groups, K padded in W's packing and fewer
+K tiles than slices."""
 
 import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from tests.kernels_cuda.test_linear_mma import check_close
+from vtllm.executor import cuda_model
+from vtllm.executor.cuda_model import DeviceWeight
 from vtllm.kernels import QType
 from vtllm.kernels.cuda.linear_mma import (
     UNROLL,
@@ -19,19 +21,20 @@ from vtllm.kernels.cuda.linear_mma import (
     x_scratch_words,
 )
 from vtllm.kernels.cuda.linear_rows import (
-    ROWS_NARROW,
-    ROWS_WIDE,
+    MIN_BLOCKS,
+    ROWS,
     linear_rows,
     rows_fit,
+    rows_pay,
 )
 
 pytestmark = pytest.mark.cudasim
 
 # (N, K), none of them wide (rows_fit): one row tile and fewer K tiles than slices; row tiles
-# not a multiple of ROWS_WIDE and K tiles not a multiple of the slices (padded K); several
-# whole trips per warp
-SHAPES = [(16, 16), (16 * (2 * ROWS_WIDE + 1), 16 * (WARPS + 3))]
-SHAPES += [(16 * (ROWS_WIDE + 1), 16 * 2 * WARPS * UNROLL)]
+# not a multiple of ROWS and K tiles not a multiple of the slices (padded K); several whole
+# trips per warp
+SHAPES = [(16, 16), (16 * (2 * ROWS + 1), 16 * (WARPS + 3))]
+SHAPES += [(16 * (ROWS + 1), 16 * 2 * WARPS * UNROLL)]
 if not SIMULATOR:
     SHAPES += [(6144, 4096), (1024 + 16, 1024 + 48)]
 # one group and a partial one (the simulator's only case: it is slow); a partial group; one
@@ -39,20 +42,19 @@ if not SIMULATOR:
 MS = [12] + ([] if SIMULATOR else [9, 32, 41, 64, 127])
 
 
-def both(x, w, bias, rows):
+def both(x, w, bias):
     m, k = x.shape
     scratch = dev(np.full(x_scratch_words(m, k) + 5, 0xFFFFFFFF, np.uint32))
     b = None if bias is None else dev(bias)
     xd = dev(x)
     ours, theirs = poisoned((m, w.n)), poisoned((m, w.n))
-    linear_rows(split_x(xd, scratch), w, ours, bias=b, rows=rows)
+    linear_rows(split_x(xd, scratch), w, ours, bias=b)
     linear_mma(xd, w, theirs, bias=b, x_scratch=scratch)
     return host(ours), host(theirs)
 
 
-@pytest.mark.parametrize("rows", [ROWS_WIDE, ROWS_NARROW])
 @pytest.mark.parametrize("m", MS)
-def test_same_bits_as_linear_mma(rng, m, rows):
+def test_same_bits_as_linear_mma(rng, m):
     for i, (n, k) in enumerate(SHAPES):
         w_bits = random_weight(rng, QType.BF16, n, k)
         w = pack_bf16(dev(w_bits))
@@ -61,10 +63,38 @@ def test_same_bits_as_linear_mma(rng, m, rows):
         x[m // 2, : k // 2] = 0.0  # zero products, signed zeros
         x[m // 2, k // 2 :] = -0.0
         bias = rng.standard_normal(n).astype(np.float32) if (i + m) % 2 else None
-        ours, theirs = both(x, w, bias, rows)
+        ours, theirs = both(x, w, bias)
         assert not np.isnan(ours).any(), f"unwritten outputs, shape {i}"
         np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
         check_close(ours, x, w_bits, bias)
+
+
+def test_device_weight_takes_batched_steps_here(rng, monkeypatch):
+    """matmul sends a batched-decode step that rows_pay for to linear_rows, and a token's row
+    is the same bits as when it runs alone (linear_mma's one-group path)."""
+    n, k = 16 * ROWS * MIN_BLOCKS, SHAPES[1][1]
+    m = 12
+    assert rows_pay(m, n) and not rows_pay(m, n - 16 * ROWS)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(m)
+        linear_rows(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_model, "linear_rows", counted)
+    w_bits = random_weight(rng, QType.BF16, n, k)
+    dw = DeviceWeight(pack_bf16(dev(w_bits)), int(QType.BF16), packed=True)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    scratch = dev(np.zeros(x_scratch_words(m, k), np.uint32))
+    full = poisoned((m, n))
+    dw.matmul(dev(x), full, x_scratch=scratch)
+    assert calls == [m]
+    for t in (0, m - 1):
+        alone = poisoned((1, n))
+        dw.matmul(dev(x[t : t + 1]), alone, x_scratch=scratch)
+        np.testing.assert_array_equal(host(alone)[0].view(np.uint32), host(full)[t].view(np.uint32))
+    assert calls == [m]
+    check_close(host(full), x, w_bits, None)
 
 
 def test_bad_inputs_are_refused(rng):
@@ -74,8 +104,6 @@ def test_bad_inputs_are_refused(rng):
         linear_rows(xp, w, dev(np.zeros((9, 32), np.float32)))
     with pytest.raises(ValueError, match="xp must have shape"):
         linear_rows(xp, w, dev(np.zeros((17, 16), np.float32)))  # 17 tokens: three groups
-    with pytest.raises(ValueError, match="rows must be"):
-        linear_rows(xp, w, dev(np.zeros((9, 16), np.float32)), rows=3)
     wide = pack_bf16(dev(random_weight(rng, QType.BF16, 16, 16 * WIDE_WARPS * UNROLL)))
     assert not rows_fit(wide)
     xw = dev(np.zeros((2, 8 * wide.k), np.uint32))

@@ -17,12 +17,14 @@ from vtllm.kernels.cuda.attention_split import make_scratch
 from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
 from vtllm.kernels.cuda.gemm_mma import gemm_mma, gemm_pays
 from vtllm.kernels.cuda.linear_mma import (
+    PREPACK_ABOVE,
     linear_mma,
     pack_bf16,
     packable,
     split_x,
     x_scratch_words,
 )
+from vtllm.kernels.cuda.linear_rows import linear_rows, rows_fit, rows_pay
 from vtllm.kernels.cuda.qkv_rope import qkv_rope
 from vtllm.models.config import ModelConfig
 from vtllm.models.llama import rope_table
@@ -36,15 +38,23 @@ class DeviceWeight:
     packed: bool = False  # bf16 in mma fragment order (kernels/cuda/linear_mma)
 
     def matmul(self, x, out, *, bias=None, x_scratch=None, stream=0) -> None:
-        """out = x @ W.T (+ bias); x_scratch: see linear_mma. Steps that gemm_pays for go to
-        gemm_mma (same bits, operands reused through shared memory)."""
-        if self.packed and x_scratch is not None and gemm_pays(x.shape[0], out.shape[1]):
-            xp = split_x(x, x_scratch, stream=stream)
-            gemm_mma(xp, self.data, out, bias=bias, stream=stream)
+        """out = x @ W.T (+ bias); x_scratch: see linear_mma. Packed W: steps that gemm_pays
+        for go to gemm_mma, batched-decode steps that rows_pay for to linear_rows, the rest
+        to linear_mma; all three give the same bits, so a token's row never depends on the
+        size of its step."""
+        m, n = x.shape[0], out.shape[1]
+        split_step = self.packed and x_scratch is not None and m > PREPACK_ABOVE
+        if split_step and gemm_pays(m, n):
+            kernel = gemm_mma
+        elif split_step and rows_fit(self.data) and rows_pay(m, n):
+            kernel = linear_rows
         elif self.packed:
             linear_mma(x, self.data, out, bias=bias, x_scratch=x_scratch, stream=stream)
+            return
         else:
             ops.linear(x, self.data, self.qtype, out, bias=bias, stream=stream)
+            return
+        kernel(split_x(x, x_scratch, stream=stream), self.data, out, bias=bias, stream=stream)
 
 
 @dataclass(slots=True)

@@ -1,5 +1,5 @@
 """out = x @ W.T (+ bias) for batched decode steps (9 to ~128 tokens): linear_mma's products and
-sums, bit for bit, with several row tiles of W per block. Hot path: keep it lean.
+sums, bit for bit, with ROWS row tiles of W per block. Hot path: keep it lean.
 
 linear_mma gives a block one 16-row tile of W and 32 tokens, so every block re-reads all of
 x's fragments from L2: at 32 tokens that is 4x the bytes of W it streams (8B gate_up at M = 32
@@ -8,16 +8,13 @@ still sums slice w of K (tiles w, w + WARPS, ..), but loads each x fragment once
 tiles, so x is read ROWS times less often. A warp loads the next K tile's W and x fragments
 before it runs this one's mmas (two register buffers), keeping loads in flight.
 
+ROWS = 2 at 128 registers (two blocks an SM) beat 4 row tiles at 168 registers (one block) on
+every measured shape and batch (BENCHMARKS.md), so 2 is the only count built.
+
 Bits: the same as linear_mma's for every token: warp w sums its K tiles (linear_mma's padded
 count, so the zero tiles' +0 additions happen too) from +0 in the same order, each as
 c = mma(A, hi, c); c = mma(A, lo, c); the block adds the warps' partials in warp order, then
 the bias. Only W with linear_mma's WARPS slices (w.slices == WARPS) runs here.
-
-Not yet taken by DeviceWeight.matmul: it passes the simulator's bit tests and compiles for
-sm_90 without spills (162 / 128 registers), but has not run on a GPU. To adopt it: run
-tests/kernels_cuda/test_linear_rows.py and `tools/device_bench_linear.py --rows` on the
-device, tune rows_for from the timings, and route matmul's steps of PREPACK_ABOVE+ tokens
-that gemm_pays refuses here when rows_fit(w) and rows_for(m, n).
 """
 
 import numpy as np
@@ -36,17 +33,13 @@ from vtllm.kernels.cuda.linear_mma import (
 
 GROUPS = TOKENS // 8  # token groups per block (32 tokens, as linear_mma)
 THREADS = 32 * WARPS
-_REGISTERS = {} if SIMULATOR else {"max_registers": 168}
-_REGISTERS_NARROW = {} if SIMULATOR else {"max_registers": 128}  # two blocks an SM
-ROWS_WIDE, ROWS_NARROW = (2, 1) if SIMULATOR else (4, 2)
-# Blocks a step should have for ROWS_WIDE row tiles a block (two an SM: 132 SMs on the
-# H200); fewer take ROWS_NARROW (more blocks, x read more often), and a step that would still
-# leave SMs idle stays in linear_mma (rows_for).
-WIDE_MIN_BLOCKS = 2 if SIMULATOR else 264
-NARROW_MIN_BLOCKS = 1 if SIMULATOR else 128
+ROWS = 2  # row tiles of W per block
+_REGISTERS = {} if SIMULATOR else {"max_registers": 128}  # two blocks an SM
+# Blocks a step needs to run here (132 SMs on the H200, two blocks each fill them about
+# once); a step with fewer would leave SMs idle and stays in linear_mma (rows_pay).
+MIN_BLOCKS = 1 if SIMULATOR else 128
 # register arrays (numba needs their sizes as plain constants): two buffers of fragments
-A_WIDE, A_NARROW, B_FRAGS = 8 * ROWS_WIDE, 8 * ROWS_NARROW, 8 * GROUPS
-ACC_WIDE, ACC_NARROW = 4 * ROWS_WIDE * GROUPS, 4 * ROWS_NARROW * GROUPS
+A_FRAGS, B_FRAGS, ACC = 8 * ROWS, 8 * GROUPS, 4 * ROWS * GROUPS
 
 
 @cuda.jit(device=True)
@@ -125,21 +118,12 @@ def _rows_block(xp, packed, bias, has_bias, out, fa, fb, acc, partial, rows):
 
 
 @cuda.jit(cache=True, **_REGISTERS)
-def _rows_wide_kernel(xp, packed, bias, has_bias, out):
-    fa = cuda.local.array(A_WIDE, uint32)  # registers: constant indices once unrolled
+def _rows_kernel(xp, packed, bias, has_bias, out):
+    fa = cuda.local.array(A_FRAGS, uint32)  # registers: constant indices once unrolled
     fb = cuda.local.array(B_FRAGS, uint32)
-    acc = cuda.local.array(ACC_WIDE, float32)
+    acc = cuda.local.array(ACC, float32)
     partial = cuda.shared.array((WARPS, 16, 32), float32)
-    _rows_block(xp, packed, bias, has_bias, out, fa, fb, acc, partial, ROWS_WIDE)
-
-
-@cuda.jit(cache=True, **_REGISTERS_NARROW)
-def _rows_narrow_kernel(xp, packed, bias, has_bias, out):
-    fa = cuda.local.array(A_NARROW, uint32)
-    fb = cuda.local.array(B_FRAGS, uint32)
-    acc = cuda.local.array(ACC_NARROW, float32)
-    partial = cuda.shared.array((WARPS, 16, 32), float32)
-    _rows_block(xp, packed, bias, has_bias, out, fa, fb, acc, partial, ROWS_NARROW)
+    _rows_block(xp, packed, bias, has_bias, out, fa, fb, acc, partial, ROWS)
 
 
 def rows_fit(w: PackedBF16) -> bool:
@@ -147,19 +131,14 @@ def rows_fit(w: PackedBF16) -> bool:
     return w.slices == WARPS
 
 
-def rows_for(m: int, n: int) -> int:
-    """Row tiles a block for a step of m tokens through W [n, K]; 0: leave it to linear_mma."""
-    token_blocks = -(-m // TOKENS)
-    for rows, least in ((ROWS_WIDE, WIDE_MIN_BLOCKS), (ROWS_NARROW, NARROW_MIN_BLOCKS)):
-        if token_blocks * -(-(n // 16) // rows) >= least:
-            return rows
-    return 0
+def rows_pay(m: int, n: int) -> bool:
+    """Whether a step of m tokens through W [n, K] has blocks enough to run here."""
+    return -(-m // TOKENS) * -(-(n // 16) // ROWS) >= MIN_BLOCKS
 
 
-def linear_rows(xp, w: PackedBF16, out, *, bias=None, rows=None, stream=0) -> None:
+def linear_rows(xp, w: PackedBF16, out, *, bias=None, stream=0) -> None:
     """out[M, N] = x @ W.T (+ bias[N]) for x split by split_x into xp and W packed by
-    pack_bf16 with rows_fit(w): the same bits as linear_mma(x, w, out, bias=bias). rows:
-    ROWS_WIDE or ROWS_NARROW row tiles a block (default: rows_for's choice)."""
+    pack_bf16 with rows_fit(w): the same bits as linear_mma(x, w, out, bias=bias)."""
     has_bias = bias is not None
     bias = check_split_step("linear_rows", xp, w, out, bias)
     m, n = out.shape
@@ -167,13 +146,8 @@ def linear_rows(xp, w: PackedBF16, out, *, bias=None, rows=None, stream=0) -> No
         raise ValueError(f"linear_rows: W [{n}, {w.k}] is sliced {w.slices} ways, not {WARPS}")
     if m == 0:
         return
-    if rows is None:
-        rows = rows_for(m, n) or ROWS_NARROW
-    if rows not in (ROWS_WIDE, ROWS_NARROW):
-        raise ValueError(f"linear_rows: rows must be {ROWS_WIDE} or {ROWS_NARROW}, got {rows}")
-    kernel = _rows_wide_kernel if rows == ROWS_WIDE else _rows_narrow_kernel
-    grid = (-(-m // TOKENS), -(-(n // 16) // rows))
-    kernel[grid, THREADS, stream](xp, w.data, bias, has_bias, out)
+    grid = (-(-m // TOKENS), -(-(n // 16) // ROWS))
+    _rows_kernel[grid, THREADS, stream](xp, w.data, bias, has_bias, out)
 
 
 assert UNROLL % 2 == 0  # padded K is a whole number of two-tile trips per warp

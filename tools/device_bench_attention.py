@@ -1,13 +1,15 @@
 # ruff: noqa: E501
 """Decode attention over the paged KV cache on the GPU machine (after .device/bootstrap.sh):
     python3 tools/device_bench_attention.py [--variant FILE ...] [--targets 1024,4096]
+        [--kv bfloat16]
 Times attention_split (the decode path: split keys over blocks, partial states to a scratch,
 then the in-order combine) at model shapes, batch sizes and context lengths, against torch's
 scaled_dot_product_attention on the same float32 K/V laid out contiguously (the peer: no
 paging, no GQA sharing of loads). GB/s counts the K and V bytes once per launch; the H200
 streams ~4.3 TB/s. Each figure is a CUDA graph of 20 launches replayed 5 times, median per
 launch, over enough copies of the KV cache that it comes from HBM (not L2). --variant times
-other copies of attention_split.py too (checked against ours).
+other copies of attention_split.py too (checked against ours). --kv bfloat16: a cache of bf16
+bits (2 bytes a value) and torch's K/V and q in bf16.
     python3 tools/device_bench_attention.py --prefill 512,1024,4096 [--variant FILE ...]
 times the prefill path instead (one prompt of n tokens attending causally to itself, no
 scratch) against torch's causal scaled_dot_product_attention; a variant may be a copy of
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from device_bench_linear import numba_us, torch_us  # noqa: E402
 
 from vtllm.kernels.cuda import attention_split  # noqa: E402
+from vtllm.models.synthetic import to_bf16_bits  # noqa: E402
 
 # name: (query heads, kv heads, head dim)
 SHAPES = {"0.6B": (16, 8, 128), "8B": (32, 8, 128), "135M": (9, 3, 64)}
@@ -44,18 +47,24 @@ def load(path):
     return mod
 
 
-def case_arrays(rng, hq, hk, d, batch, ctx):
+def case_arrays(rng, hq, hk, d, batch, ctx, kv="float32"):
     """Inputs for one case; K and V come in enough copies (same values, other addresses) that
     the graph's back-to-back launches cycle through more than L2 holds (H200: 60 MB), so every
     launch reads its KV from HBM as a real decode step does."""
     per = -(-ctx // BS)
     blocks = batch * per + 1
     shape = (blocks, BS, hk, d)
-    copies = max(1, min(20, -(-L2_FLUSH_BYTES // (2 * 4 * int(np.prod(shape))))))
+    itemsize = 2 if kv == "bfloat16" else 4
+    copies = max(1, min(20, -(-L2_FLUSH_BYTES // (2 * itemsize * int(np.prod(shape))))))
+
+    def cache():
+        values = rng.standard_normal(shape).astype(np.float32)
+        return cuda.to_device(to_bf16_bits(values) if kv == "bfloat16" else values)
+
     kcs, vcs = [], []
     for _ in range(copies):
-        kcs.append(cuda.to_device(rng.standard_normal(shape).astype(np.float32)))
-        vcs.append(cuda.to_device(rng.standard_normal(shape).astype(np.float32)))
+        kcs.append(cache())
+        vcs.append(cache())
     tables = (1 + rng.permutation(batch * per)).reshape(batch, per).astype(np.int32)
     seq_lens = np.full(batch, ctx, np.int32)
     qsl = np.arange(batch + 1, dtype=np.int32)
@@ -71,6 +80,7 @@ def main():
         "--targets", default="", help="TARGET_BLOCKS values to try (default: the module's)"
     )
     p.add_argument("--prefill", default="", help="prompt lengths: time the prefill path")
+    p.add_argument("--kv", default="float32", choices=("float32", "bfloat16"))
     args = p.parse_args()
     mods = [("ours", attention_split)] + [(Path(v).stem, load(v)) for v in args.variant]
     if args.prefill:
@@ -83,12 +93,14 @@ def main():
     )
     for shape, batch, ctx in CASES:
         hq, hk, d = SHAPES[shape]
-        kcs, vcs, meta, q = case_arrays(rng, hq, hk, d, batch, ctx)
-        gb = batch * ctx * hk * d * 4 * 2 / 1e3
+        kcs, vcs, meta, q = case_arrays(rng, hq, hk, d, batch, ctx, args.kv)
+        bf16 = args.kv == "bfloat16"
+        gb = batch * ctx * hk * d * (2 if bf16 else 4) * 2 / 1e3
         # the peer: contiguous K/V [batch, hk, ctx, d] expanded to the query heads
-        kt = torch.randn(batch, hk, ctx, d, device="cuda").repeat_interleave(hq // hk, 1)
-        vt = torch.randn(batch, hk, ctx, d, device="cuda").repeat_interleave(hq // hk, 1)
-        qt = torch.randn(batch, hq, 1, d, device="cuda")
+        dt = torch.bfloat16 if bf16 else torch.float32
+        kt = torch.randn(batch, hk, ctx, d, device="cuda", dtype=dt).repeat_interleave(hq // hk, 1)
+        vt = torch.randn(batch, hk, ctx, d, device="cuda", dtype=dt).repeat_interleave(hq // hk, 1)
+        qt = torch.randn(batch, hq, 1, d, device="cuda", dtype=dt)
         peer = torch_us(
             lambda qt=qt, kt=kt, vt=vt: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt)
         )

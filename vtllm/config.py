@@ -80,6 +80,14 @@ KNOBS = (
         0,
         1 << 50,
     ),
+    Knob(
+        "kv_cache_dtype",
+        "str",
+        "auto",
+        "KV cache storage: auto (bfloat16 on cuda, float32 on cpu), bfloat16 (cuda only: half "
+        "the bytes, as vLLM and llama.cpp store it) or float32",
+        choices=("auto", "bfloat16", "float32"),
+    ),
     Knob("block_size", "int", 16, "tokens per KV cache block", 1, 1024),
     Knob("enable_prefix_caching", "bool", True, "reuse KV blocks of shared prompt prefixes"),
     Knob("async_depth", "int", 2, "steps in flight: 1 synchronous, 2 overlapped", 1, 2),
@@ -194,6 +202,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_memory: int = 0
     kv_cache_fraction: float = 0.2
     kv_cache_resident_memory: int = 0
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     enable_prefix_caching: bool = True
     async_depth: int = 2

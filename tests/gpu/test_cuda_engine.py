@@ -22,12 +22,15 @@ def tiny(tmp_path_factory):
     return load_model(write_checkpoint(tmp_path_factory.mktemp("law"), "tiny", seed=7))
 
 
-def _run(loaded, work, *, device: str, depth: int, graphs: bool = True):
+def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "auto"):
+    """kv: the KV cache dtype; the budget holds the same number of blocks at either width."""
+    half = device == "cuda" and kv != "float32"
     config, _ = resolve(
         device=device,
         cuda_graphs=graphs,
         async_depth=depth,
-        kv_cache_memory=30 * 2048,  # as in the CPU law: forces preemptions
+        kv_cache_dtype=kv,
+        kv_cache_memory=30 * 2048 // (2 if half else 1),  # as in the CPU law: forces preemptions
         block_size=4,
         max_num_seqs=16,
         max_num_batched_tokens=64,
@@ -72,7 +75,7 @@ def test_greedy_matches_cpu_on_peaked_checkpoints(tmp_path, shape):
         work.append((f"g{i}", prompt, SamplingParams(max_tokens=32, temperature=0.0,
                                                      ignore_eos=True), None))  # fmt: skip
     cpu, _ = _run(loaded, work, device="cpu", depth=1)
-    gpu, _ = _run(loaded, work, device="cuda", depth=2)
+    gpu, _ = _run(loaded, work, device="cuda", depth=2, kv="float32")  # the CPU's KV values
     _assert_same(work, cpu, gpu)
 
 
@@ -83,7 +86,8 @@ def _gpu_vs_cpu(loaded, ids):
     cpu = teacher_forced_logits(make_runner(loaded), ids, [len(ids)])
     runner = CudaModelRunner(loaded, block_size=4, max_num_seqs=4, max_model_len=256,
                              max_num_batched_tokens=256, kv_cache_memory=64 << 20,
-                             kv_cache_fraction=0.0, use_graphs=False)  # fmt: skip
+                             kv_cache_fraction=0.0, use_graphs=False,
+                             kv_cache_dtype="float32")  # fmt: skip
     gpu = teacher_forced_logits(runner, ids, [5, len(ids) - 5])
     scale = np.abs(cpu).max(axis=1, keepdims=True)
     rel = np.abs(gpu - cpu).max(axis=1, keepdims=True) / scale
@@ -132,7 +136,8 @@ def test_logprobs_and_prompt_logprobs_match_cpu(tmp_path):
     prompt = list(range(10, 30))
     outs = {}
     for device in ("cpu", "cuda"):
-        llm = LLM(str(directory), device=device, kv_cache_memory=1 << 22, max_model_len=128)
+        llm = LLM(str(directory), device=device, kv_cache_memory=1 << 22, max_model_len=128,
+                  kv_cache_dtype="float32")  # fmt: skip
         try:
             outs[device] = llm.generate([prompt], params)[0]
         finally:

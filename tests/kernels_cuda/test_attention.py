@@ -8,6 +8,7 @@ from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
 from vtllm.kernels.cuda import attention_split, paged_attention, write_kv
 from vtllm.kernels.cuda.attention_split import make_scratch
 from vtllm.kernels.reference import paged_attention_ref, write_kv_ref
+from vtllm.models.synthetic import to_bf16_bits
 
 pytestmark = pytest.mark.cudasim
 
@@ -84,6 +85,39 @@ def test_matches_reference(rng, case, path, monkeypatch):
         np.testing.assert_array_equal(got, run(scratch=scratch))
 
 
+def bf16_values(bits):
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("path", ["whole-row", "split", "split-scratch"])
+@pytest.mark.parametrize("case", [CASES[0], CASES[3]] + CASES[4:], ids=lambda c: f"d{c[2]}")
+def test_bf16_cache_matches_reference(rng, case, path):
+    """A cache of bf16 bits (uint16): write_kv rounds to nearest even, bit for bit as the host
+    does, and attention over it is the float32 math on the exact bf16 values."""
+    hq, hk, d, bs, seqs = case
+    k_cache, v_cache, tables, seq_lens, qsl, slots = build(rng, hk, d, bs, seqs)
+    k_cache, v_cache = to_bf16_bits(k_cache), to_bf16_bits(v_cache)
+    t = slots.shape[0]
+    k = rng.standard_normal((t, hk, d)).astype(np.float32)
+    v = rng.standard_normal((t, hk, d)).astype(np.float32)
+    q = (rng.standard_normal((t, hq, d)) * 2).astype(np.float32)
+    kc, vc = dev(k_cache), dev(v_cache)
+    write_kv(dev(k), dev(v), kc, vc, dev(slots))
+    ref_kc, ref_vc = write_kv_ref(to_bf16_bits(k), to_bf16_bits(v), k_cache, v_cache, slots)
+    np.testing.assert_array_equal(host(kc), ref_kc)
+    np.testing.assert_array_equal(host(vc), ref_vc)
+    out = poisoned((t, hq, d))
+    kw = {"whole-row": {"split": False}, "split": {}}
+    kw["split-scratch"] = {"scratch": make_scratch(t + 1, hq, d, int(seq_lens.max()) + 1)}
+    meta = dev(tables), dev(seq_lens), dev(qsl)
+    paged_attention(dev(q), kc, vc, *meta, d**-0.5, out, **kw[path])
+    ref = paged_attention_ref(q, bf16_values(ref_kc), bf16_values(ref_vc), tables, seq_lens, qsl,
+                              d**-0.5)  # fmt: skip
+    live = qsl[-1]
+    np.testing.assert_allclose(host(out)[:live], ref[:live], rtol=0, atol=2e-5)
+    assert np.isnan(host(out)[live:]).all(), "rows past every sequence must stay unwritten"
+
+
 def test_skips_inconsistent_sequences(rng):
     """Metadata is on the device, so bad sequences are skipped (left unwritten), not raised."""
     k_cache, v_cache, tables, seq_lens, qsl, _ = build(rng, 1, 8, 4, [(2, 6), (1, 3)], 0)
@@ -131,3 +165,10 @@ def test_rejects_bad_shapes(rng):
     with pytest.raises(ValueError, match="slot_mapping"):
         write_kv(dev(np.ones((2, 2, 8), np.float32)), dev(np.ones((2, 2, 8), np.float32)),
                  cache, cache, dev(np.zeros(3, np.int32)))  # fmt: skip
+    q2 = dev(np.ones((2, 2, 8), np.float32))
+    with pytest.raises(ValueError, match="float32 or uint16"):  # a cache of another dtype
+        half = dev(np.ones((4, 4, 2, 8), np.float16))
+        paged_attention(q2, half, half, *meta, 1.0, poisoned((2, 2, 8)))
+    with pytest.raises(ValueError, match="v_cache must be"):  # k and v of different dtypes
+        bits = dev(np.ones((4, 4, 2, 8), np.uint16))
+        paged_attention(q2, cache, bits, *meta, 1.0, poisoned((2, 2, 8)))

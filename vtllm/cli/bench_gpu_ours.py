@@ -57,8 +57,8 @@ class Bench:
             loaded, block_size=BLOCK, max_num_seqs=max_batch,
             max_model_len=max(context + headroom, longest_prompt + 1),
             max_num_batched_tokens=self.max_tokens,
-            kv_cache_memory=need * bytes_per_block(c, BLOCK), kv_cache_fraction=0.0,
-            use_graphs=True,
+            kv_cache_memory=need * bytes_per_block(c, BLOCK, itemsize=2), kv_cache_fraction=0.0,
+            use_graphs=True, kv_cache_dtype="bfloat16",
         )  # fmt: skip
         if self.runner.num_blocks < need:  # block ids below are assigned by hand
             raise RuntimeError(f"KV cache holds {self.runner.num_blocks} blocks, need {need}")

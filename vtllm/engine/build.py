@@ -69,6 +69,11 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
     else:
         from vtllm.kernels import cpu as ops
 
+    if config.kv_cache_dtype == "bfloat16":
+        raise InvalidParameter(
+            "kv_cache_dtype bfloat16 runs on the cuda device only; the cpu backend stores float32",
+            param="kv_cache_dtype",
+        )
     threads = set_cpu_threads(config.cpu_threads)
     num_blocks = num_kv_blocks(
         loaded.config,
@@ -121,6 +126,7 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             kv_cache_memory=config.kv_cache_memory,
             kv_cache_fraction=config.kv_cache_fraction,
             use_graphs=config.cuda_graphs,
+            kv_cache_dtype="bfloat16" if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
         )
         if config.cuda_graphs:
             from tqdm import tqdm

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
+from vtllm.errors import InvalidParameter
 from vtllm.executor.cuda_graphs import CudaGraph, free_device_memory
 from vtllm.executor.cuda_model import CudaForward, StepInputs
 from vtllm.executor.kv_cache import num_kv_blocks
@@ -35,6 +36,7 @@ from vtllm.executor.step_layout import (
 )
 from vtllm.kernels import cpu as cpu_ops
 from vtllm.kernels import cuda as ops
+from vtllm.kernels.cuda._kv_cache import KV_DTYPES
 from vtllm.kernels.cuda.gather import gather_rows
 from vtllm.kernels.sampling_table import TABLE_LAYOUT, SamplingTable
 from vtllm.models.loader import LoadedModel
@@ -62,7 +64,13 @@ class PendingStep:
 class CudaModelRunner:
     def __init__(self, loaded: LoadedModel, *, block_size: int, max_num_seqs: int,
                  max_model_len: int, max_num_batched_tokens: int, kv_cache_memory: int,
-                 kv_cache_fraction: float, use_graphs: bool):  # fmt: skip
+                 kv_cache_fraction: float, use_graphs: bool,
+                 kv_cache_dtype: str = "bfloat16"):  # fmt: skip
+        if kv_cache_dtype not in KV_DTYPES:
+            raise InvalidParameter(
+                f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}",
+                param="kv_cache_dtype",
+            )
         c = self.config = loaded.config
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
@@ -104,25 +112,27 @@ class CudaModelRunner:
         self.use_graphs = use_graphs
         self.graphs: dict[int, CudaGraph] = {}
         self.buckets = graph_buckets(max_num_seqs, self.max_tokens)
-        self.num_blocks = self._allocate_kv(kv_cache_memory, kv_cache_fraction)
+        self.num_blocks = self._allocate_kv(kv_cache_memory, kv_cache_fraction, kv_cache_dtype)
 
-    def _allocate_kv(self, budget_bytes: int, fraction: float) -> int:
-        """KV blocks from a byte budget, or from a fraction of the device memory still free
-        once weights and buffers are in place; both figures are logged."""
+    def _allocate_kv(self, budget_bytes: int, fraction: float, dtype_name: str) -> int:
+        """KV blocks of dtype_name (KV_DTYPES) from a byte budget, or from a fraction of the
+        device memory still free once weights and buffers are in place; both are logged."""
         c, s = self.config, self.stream
+        dtype = np.dtype(KV_DTYPES[dtype_name])
         s.synchronize()
         free, total = free_device_memory()
         num_blocks = num_kv_blocks(c, block_size=self.block_size, budget_bytes=budget_bytes,
-                                   fraction=fraction, free_bytes=free)  # fmt: skip
+                                   fraction=fraction, free_bytes=free,
+                                   itemsize=dtype.itemsize)  # fmt: skip
         shape = (c.num_layers, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
-        self.kv_k = cuda.device_array(shape, np.float32, stream=s)
-        self.kv_v = cuda.device_array(shape, np.float32, stream=s)
+        self.kv_k = cuda.device_array(shape, dtype, stream=s)
+        self.kv_v = cuda.device_array(shape, dtype, stream=s)
         self.model.bind_kv(self.kv_k, self.kv_v)
         log.info(
             "GPU memory: %.1f of %.1f GiB free after weights; KV cache %d blocks x %d tokens "
-            "= %.2f GiB (%s)",
+            "= %.2f GiB %s (%s)",
             free / 2**30, total / 2**30, num_blocks, self.block_size,
-            2 * self.kv_k.nbytes / 2**30,
+            2 * self.kv_k.nbytes / 2**30, dtype_name,
             f"budget {budget_bytes} bytes" if budget_bytes else f"{fraction:.0%} of free",
         )  # fmt: skip
         return num_blocks

@@ -29,15 +29,23 @@ def free_host_memory() -> int:
 
 
 def num_kv_blocks(
-    config: ModelConfig, *, block_size: int, budget_bytes: int, fraction: float, free_bytes: int
+    config: ModelConfig,
+    *,
+    block_size: int,
+    budget_bytes: int,
+    fraction: float,
+    free_bytes: int,
+    itemsize: int = 4,
 ) -> int:
-    """Blocks that fit the budget (or `fraction` of free memory when the budget is 0)."""
+    """Blocks that fit the budget (or `fraction` of free memory when the budget is 0), at
+    itemsize bytes a value."""
     budget = budget_bytes or int(free_bytes * fraction)
-    blocks = budget // bytes_per_block(config, block_size)
+    per_block = bytes_per_block(config, block_size, itemsize)
+    blocks = budget // per_block
     if blocks < 2:
         raise InvalidParameter(
             f"KV cache budget of {budget} bytes holds fewer than 2 blocks of {block_size} tokens "
-            f"({bytes_per_block(config, block_size)} bytes each)",
+            f"({per_block} bytes each)",
             param="kv_cache_memory",
         )
     return int(blocks)

@@ -1,9 +1,8 @@
-"""128-bit float32 loads and stores through inline PTX, for kernels that move rows of four floats
-(numba emits one 32-bit access per element; four of them cost four instructions and, in
-shared memory, four bank passes where one 128-bit access takes one per eight lanes).
+"""128-bit float32 shared-memory loads and stores through inline PTX, for kernels that move rows
+of four floats (numba emits one 32-bit access per element; four of them cost four instructions
+and four bank passes where one 128-bit access takes one per eight lanes). The KV cache's
+128-bit global loads are _kv_cache.kv_value4.
 
-  load_f32x4(a, i, j, k, d): a[i, j, k, d .. d + 3] of a global array never written while
-      the kernel runs (`ld.global.nc.v4.f32`); the address must be 16-byte aligned.
   shared_f32x4(s, i): s[i .. i + 3] of a 1-D shared array (`ld.shared.v4.f32`); i % 4 == 0.
   store_shared_f32x4(s, i, v0, v1, v2, v3): s[i .. i + 3] = v0 .. v3 (`st.shared.v4.f32`).
   The shared accesses address s[i] as a 32-bit shared-window address: the array's base is
@@ -18,9 +17,6 @@ from vtllm.kernels.cuda._device import SIMULATOR
 
 if SIMULATOR:
 
-    def load_f32x4(a, i, j, k, d):
-        return a[i, j, k, d], a[i, j, k, d + 1], a[i, j, k, d + 2], a[i, j, k, d + 3]
-
     def shared_f32x4(s, i):
         return s[i], s[i + 1], s[i + 2], s[i + 3]
 
@@ -32,21 +28,10 @@ else:
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    from vtllm.kernels.cuda._ptx import _asm_tuple, _cast_all, _item_pointer
+    from vtllm.kernels.cuda._ptx import _cast_all
     from vtllm.kernels.cuda._ptx_shared import shared_address
 
     _F32, _I32 = ir.FloatType(), ir.IntType(32)
-
-    @intrinsic
-    def load_f32x4(typingctx, a, i, j, k, d):
-        sig = types.UniTuple(types.float32, 4)(a, i, j, k, d)
-
-        def codegen(context, builder, sig, args):
-            ptr = _item_pointer(context, builder, sig, args)
-            text = "ld.global.nc.v4.f32 {$0,$1,$2,$3}, [$4];"
-            return _asm_tuple(context, builder, sig, text, "=f,=f,=f,=f,l", _F32, [ptr.type], [ptr])
-
-        return sig, codegen
 
     @intrinsic
     def shared_f32x4(typingctx, s, i):

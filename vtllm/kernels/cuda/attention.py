@@ -30,6 +30,7 @@ from vtllm.kernels.cuda._device import (
     imin,
 )
 from vtllm.kernels.cuda._host import check
+from vtllm.kernels.cuda._kv_cache import check_kv, kv_store, kv_value
 
 WRITE_THREADS = 32 if SIMULATOR else 128
 MAX_THREADS = 512  # so head_dim <= 512 (78 registers a thread: 1024 threads would not fit an SM)
@@ -46,8 +47,8 @@ def _write_kv_kernel(k, v, k_cache, v_cache, slot_mapping):
     hk, d = k.shape[1], k.shape[2]
     for j in range(cuda.threadIdx.x, hk * d, cuda.blockDim.x):
         h, c = j // d, j % d
-        k_cache[blk, off, h, c] = k[t, h, c]
-        v_cache[blk, off, h, c] = v[t, h, c]
+        kv_store(k_cache, blk, off, h, c, k[t, h, c])
+        kv_store(v_cache, blk, off, h, c, v[t, h, c])
 
 
 @cuda.jit(device=True)
@@ -108,13 +109,13 @@ def _paged_attention_kernel(
             d0 = d1 = d2 = d3 = np.float32(0.0)  # 4 loads in flight
             c = 0
             while c + 3 < D:
-                d0 += sq[c] * k_cache[blk, off, kvh, c]
-                d1 += sq[c + 1] * k_cache[blk, off, kvh, c + 1]
-                d2 += sq[c + 2] * k_cache[blk, off, kvh, c + 2]
-                d3 += sq[c + 3] * k_cache[blk, off, kvh, c + 3]
+                d0 += sq[c] * kv_value(k_cache, blk, off, kvh, c)
+                d1 += sq[c + 1] * kv_value(k_cache, blk, off, kvh, c + 1)
+                d2 += sq[c + 2] * kv_value(k_cache, blk, off, kvh, c + 2)
+                d3 += sq[c + 3] * kv_value(k_cache, blk, off, kvh, c + 3)
                 c += 4
             while c < D:
-                d0 += sq[c] * k_cache[blk, off, kvh, c]
+                d0 += sq[c] * kv_value(k_cache, blk, off, kvh, c)
                 c += 1
             score = ((d0 + d1) + (d2 + d3)) * scale
         m_new = fmax(m, block_max(score, red))  # finite: the tile holds at least one key
@@ -128,15 +129,15 @@ def _paged_attention_kernel(
             i = 0
             while i + 3 < cnt:  # 4 independent table + value loads in flight
                 j = j0 + i
-                v0 = v_cache[block_tables[s, j // bs], j % bs, kvh, tid]
-                v1 = v_cache[block_tables[s, (j + 1) // bs], (j + 1) % bs, kvh, tid]
-                v2 = v_cache[block_tables[s, (j + 2) // bs], (j + 2) % bs, kvh, tid]
-                v3 = v_cache[block_tables[s, (j + 3) // bs], (j + 3) % bs, kvh, tid]
+                v0 = kv_value(v_cache, block_tables[s, j // bs], j % bs, kvh, tid)
+                v1 = kv_value(v_cache, block_tables[s, (j + 1) // bs], (j + 1) % bs, kvh, tid)
+                v2 = kv_value(v_cache, block_tables[s, (j + 2) // bs], (j + 2) % bs, kvh, tid)
+                v3 = kv_value(v_cache, block_tables[s, (j + 3) // bs], (j + 3) % bs, kvh, tid)
                 a += sp[i] * v0 + sp[i + 1] * v1 + sp[i + 2] * v2 + sp[i + 3] * v3
                 i += 4
             while i < cnt:
                 j = j0 + i
-                a += sp[i] * v_cache[block_tables[s, j // bs], j % bs, kvh, tid]
+                a += sp[i] * kv_value(v_cache, block_tables[s, j // bs], j % bs, kvh, tid)
                 i += 1
             acc = a
         m = m_new  # the next tile writes sp only after block_max's barriers
@@ -155,11 +156,11 @@ def _shape_error(q, out, k_cache, v_cache, block_tables, seq_lens, query_start_l
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping, *, stream=0) -> None:
     """k_cache/v_cache [num_blocks, block_size, Hk, D] at slot_mapping[t] (= block * block_size
-    + offset; -1 skips the row, as does any slot outside the cache) <- k[t], v[t] ([T, Hk, D])."""
+    + offset; -1 skips the row, as does any slot outside the cache) <- k[t], v[t] ([T, Hk, D]).
+    The caches are float32 or bf16 bits (uint16; values rounded to nearest even)."""
     check("write_kv", "k", k, np.float32, 3)
     check("write_kv", "v", v, np.float32, 3, k.shape)
-    check("write_kv", "k_cache", k_cache, np.float32, 4)
-    check("write_kv", "v_cache", v_cache, np.float32, 4, k_cache.shape)
+    check_kv("write_kv", k_cache, v_cache)
     check("write_kv", "slot_mapping", slot_mapping, np.int32, 1, k.shape[:1])
     if tuple(k.shape[1:]) != tuple(k_cache.shape[2:]):
         raise ValueError(f"write_kv: k {k.shape} does not fit k_cache {k_cache.shape}")
@@ -172,7 +173,8 @@ def paged_attention(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, *, scratch=None,
     split=True, stream=0,
 ) -> None:  # fmt: skip
-    """Causal attention of q [T, Hq, D] over the paged cache; out [T, Hq, D]. Device arrays.
+    """Causal attention of q [T, Hq, D] over the paged cache (float32, or bf16 bits as uint16:
+    _kv_cache); out [T, Hq, D]. Device arrays.
 
     Sequence s owns rows query_start_loc[s]:query_start_loc[s+1] of q; its query i sits at
     position seq_lens[s] - n_s + i (seq_lens counts the new tokens, already in the cache) and
@@ -186,8 +188,7 @@ def paged_attention(
     """
     check("paged_attention", "q", q, np.float32, 3)
     check("paged_attention", "out", out, np.float32, 3)
-    check("paged_attention", "k_cache", k_cache, np.float32, 4)
-    check("paged_attention", "v_cache", v_cache, np.float32, 4)
+    check_kv("paged_attention", k_cache, v_cache)
     check("paged_attention", "block_tables", block_tables, np.int32, 2)
     check("paged_attention", "seq_lens", seq_lens, np.int32, 1)
     check("paged_attention", "query_start_loc", query_start_loc, np.int32, 1)

@@ -28,7 +28,8 @@ import numpy as np
 from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fmax, imin, warp_max, warp_sum
-from vtllm.kernels.cuda._ptx_f32x4 import load_f32x4, shared_f32x4, store_shared_f32x4
+from vtllm.kernels.cuda._kv_cache import kv_value4
+from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_shared_f32x4
 from vtllm.kernels.cuda.attention import _sequence_of
 
 SPLIT = 32  # keys per split: one per lane in the score phase
@@ -122,8 +123,8 @@ def _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, s
         jj = w + WARPS * i
         j = lo + (jj if jj < n_here else 0)
         blk, off = _slot_of(block_tables, s, j, bs, shift)
-        kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = load_f32x4(k_cache, blk, off, hk, d)
-        vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = load_f32x4(v_cache, blk, off, hk, d)
+        kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = kv_value4(k_cache, blk, off, hk, d)
+        vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = kv_value4(v_cache, blk, off, hk, d)
     for i in range(KEYS_PER_WARP):
         at = (w + WARPS * i) * ROW + d
         store_shared_f32x4(smem, K_AT + at, kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3])

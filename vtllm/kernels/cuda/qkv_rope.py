@@ -14,6 +14,7 @@ from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import MAX_WARPS, block_sum
 from vtllm.kernels.cuda._host import check
+from vtllm.kernels.cuda._kv_cache import check_kv, kv_store
 
 MAX_DIM = 1024
 
@@ -49,20 +50,20 @@ def _qkv_rope_kernel(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin,
         return
     slot = slot_mapping[t]
     if 0 <= slot < num_blocks * bs:  # padding (-1) or outside the cache: not written
-        k_cache[slot // bs, slot % bs, h, tid] = x
-        v_cache[slot // bs, slot % bs, h, tid] = qkv[t, (Hq + Hk + h) * D + tid]
+        kv_store(k_cache, slot // bs, slot % bs, h, tid, x)
+        kv_store(v_cache, slot // bs, slot % bs, h, tid, qkv[t, (Hq + Hk + h) * D + tid])
 
 
 def qkv_rope(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, *, q_norm=None,
              k_norm=None, stream=0) -> None:  # fmt: skip
     """From qkv [T, (Hq + 2 Hk) D] float32: q [T, Hq, D] <- rope(norm(q heads)), and the cache
     rows k_cache / v_cache [num_blocks, block_size, Hk, D] at slot_mapping[t] <- rope(norm(k
-    heads)) and the v heads. Norms (weights [D]) are applied when both are given."""
+    heads)) and the v heads (float32 caches, or bf16 bits as uint16: rounded to nearest even).
+    Norms (weights [D]) are applied when both are given."""
     check("qkv_rope", "qkv", qkv, np.float32, 2)
     check("qkv_rope", "q", q, np.float32, 3)
     T, Hq, D = q.shape
-    check("qkv_rope", "k_cache", k_cache, np.float32, 4)
-    check("qkv_rope", "v_cache", v_cache, np.float32, 4, k_cache.shape)
+    check_kv("qkv_rope", k_cache, v_cache)
     Hk = k_cache.shape[2]
     if qkv.shape != (T, (Hq + 2 * Hk) * D) or k_cache.shape[3] != D or D % 2 or D > MAX_DIM:
         raise ValueError(

@@ -83,10 +83,10 @@ KNOBS = (
     Knob(
         "kv_cache_dtype",
         "str",
-        "auto",
-        "KV cache storage: auto (bfloat16 on cuda, float32 on cpu), bfloat16 (cuda only: half "
-        "the bytes, as vLLM and llama.cpp store it) or float32",
-        choices=("auto", "bfloat16", "float32"),
+        "float32",
+        "KV cache storage: float32, or bfloat16 (cuda only: twice the tokens in the same memory, "
+        "values rounded to bf16 as vLLM stores them for bf16 models)",
+        choices=("float32", "bfloat16"),
     ),
     Knob("block_size", "int", 16, "tokens per KV cache block", 1, 1024),
     Knob("enable_prefix_caching", "bool", True, "reuse KV blocks of shared prompt prefixes"),
@@ -202,7 +202,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_memory: int = 0
     kv_cache_fraction: float = 0.2
     kv_cache_resident_memory: int = 0
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = "float32"
     block_size: int = 16
     enable_prefix_caching: bool = True
     async_depth: int = 2

@@ -22,9 +22,9 @@ def tiny(tmp_path_factory):
     return load_model(write_checkpoint(tmp_path_factory.mktemp("law"), "tiny", seed=7))
 
 
-def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "auto"):
+def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "float32"):
     """kv: the KV cache dtype; the budget holds the same number of blocks at either width."""
-    half = device == "cuda" and kv != "float32"
+    half = kv == "bfloat16"
     config, _ = resolve(
         device=device,
         cuda_graphs=graphs,
@@ -65,6 +65,15 @@ def test_depth2_equals_depth1_on_gpu(tiny, workload, gpu_sync, graphs):
     _assert_same(workload, sync, overlapped)
 
 
+def test_depth2_equals_depth1_with_bf16_kv(tiny, workload):
+    """The law with a bfloat16 KV cache: rounding on write is deterministic, so the overlapped
+    run with graphs still reproduces the synchronous eager one, preemptions included."""
+    sync, preempt1 = _run(tiny, workload, device="cuda", depth=1, graphs=False, kv="bfloat16")
+    overlapped, preempt2 = _run(tiny, workload, device="cuda", depth=2, kv="bfloat16")
+    assert preempt1 + preempt2 > 0, "the KV budget should force preemptions"
+    _assert_same(workload, sync, overlapped)
+
+
 @pytest.mark.parametrize("shape", ["tiny", "tiny-qwen3", "tiny-qwen2"])
 def test_greedy_matches_cpu_on_peaked_checkpoints(tmp_path, shape):
     loaded = load_model(write_checkpoint(tmp_path / shape, shape, seed=3, peaked=True, bf16=True))
@@ -75,7 +84,7 @@ def test_greedy_matches_cpu_on_peaked_checkpoints(tmp_path, shape):
         work.append((f"g{i}", prompt, SamplingParams(max_tokens=32, temperature=0.0,
                                                      ignore_eos=True), None))  # fmt: skip
     cpu, _ = _run(loaded, work, device="cpu", depth=1)
-    gpu, _ = _run(loaded, work, device="cuda", depth=2, kv="float32")  # the CPU's KV values
+    gpu, _ = _run(loaded, work, device="cuda", depth=2)
     _assert_same(work, cpu, gpu)
 
 
@@ -86,8 +95,7 @@ def _gpu_vs_cpu(loaded, ids):
     cpu = teacher_forced_logits(make_runner(loaded), ids, [len(ids)])
     runner = CudaModelRunner(loaded, block_size=4, max_num_seqs=4, max_model_len=256,
                              max_num_batched_tokens=256, kv_cache_memory=64 << 20,
-                             kv_cache_fraction=0.0, use_graphs=False,
-                             kv_cache_dtype="float32")  # fmt: skip
+                             kv_cache_fraction=0.0, use_graphs=False)  # fmt: skip
     gpu = teacher_forced_logits(runner, ids, [5, len(ids) - 5])
     scale = np.abs(cpu).max(axis=1, keepdims=True)
     rel = np.abs(gpu - cpu).max(axis=1, keepdims=True) / scale
@@ -136,8 +144,7 @@ def test_logprobs_and_prompt_logprobs_match_cpu(tmp_path):
     prompt = list(range(10, 30))
     outs = {}
     for device in ("cpu", "cuda"):
-        llm = LLM(str(directory), device=device, kv_cache_memory=1 << 22, max_model_len=128,
-                  kv_cache_dtype="float32")  # fmt: skip
+        llm = LLM(str(directory), device=device, kv_cache_memory=1 << 22, max_model_len=128)
         try:
             outs[device] = llm.generate([prompt], params)[0]
         finally:

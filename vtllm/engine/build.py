@@ -126,7 +126,7 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             kv_cache_memory=config.kv_cache_memory,
             kv_cache_fraction=config.kv_cache_fraction,
             use_graphs=config.cuda_graphs,
-            kv_cache_dtype="bfloat16" if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
+            kv_cache_dtype=config.kv_cache_dtype,
         )
         if config.cuda_graphs:
             from tqdm import tqdm

@@ -65,7 +65,7 @@ class CudaModelRunner:
     def __init__(self, loaded: LoadedModel, *, block_size: int, max_num_seqs: int,
                  max_model_len: int, max_num_batched_tokens: int, kv_cache_memory: int,
                  kv_cache_fraction: float, use_graphs: bool,
-                 kv_cache_dtype: str = "bfloat16"):  # fmt: skip
+                 kv_cache_dtype: str = "float32"):  # fmt: skip
         if kv_cache_dtype not in KV_DTYPES:
             raise InvalidParameter(
                 f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}",

@@ -62,6 +62,7 @@ async def read_json(request: Request, decoder, limit: int):
         raise HttpError(
             408, f"the body did not arrive within {deadline:g}s", type_="invalid_request_error"
         )
+    request.state.body_read = True
     try:
         return decoder.decode(bytes(body))
     except RecursionError:  # msgspec's depth guard on deeply nested arrays or objects
@@ -71,6 +72,19 @@ async def read_json(request: Request, decoder, limit: int):
             type_="invalid_request_error",
             code="invalid_json",
         ) from None
+
+
+def _refusal(request: Request, exc: Exception) -> Response:
+    """The error response for exc. A request refused before its body was read through (a
+    wrong content type, a declared length over the cap, admission, a body timeout) leaves
+    bytes on an HTTP/1.1 connection that cannot be reused, so the server closes it after the
+    response: the response says so, or a keep-alive client would send its next request into
+    the closing socket and see the connection drop instead of an answer."""
+    response = from_exception(exc)
+    http1 = request.scope.get("http_version", "1.1").startswith("1")
+    if http1 and not getattr(request.state, "body_read", False):
+        response.headers["connection"] = "close"
+    return response
 
 
 def _check_model(state, model: str | None) -> None:
@@ -121,7 +135,7 @@ async def completions(request: Request) -> Response:
         admit_prompt_tokens(state, sum(len(p) for p in prompts) * params.n)
         sub = submit(state.loop, prompts, params, "cmpl")
     except (VtllmError, ValueError) as exc:
-        return from_exception(exc)
+        return _refusal(request, exc)
     shaper = responses.CompletionShaper(state, req, sub)
     if req.stream:
         return _stream(state, sub, shaper, request.scope)
@@ -149,7 +163,7 @@ async def chat_completions(request: Request) -> Response:
         admit_prompt_tokens(state, len(prompt) * params.n)
         sub = submit(state.loop, [prompt], params, "chatcmpl")
     except (VtllmError, ValueError) as exc:
-        return from_exception(exc)
+        return _refusal(request, exc)
     shaper = responses.ChatShaper(state, req, sub)
     if req.stream:
         return _stream(state, sub, shaper, request.scope)
@@ -257,7 +271,7 @@ async def tokenize(request: Request) -> Response:
                 400, "prompt is required", type_="invalid_request_error", param="prompt"
             )
     except (VtllmError, ValueError) as exc:
-        return from_exception(exc)
+        return _refusal(request, exc)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
 
 
@@ -271,5 +285,5 @@ async def detokenize(request: Request) -> Response:
                 400, "token ids out of range", type_="invalid_request_error", param="tokens"
             )
     except (VtllmError, ValueError) as exc:
-        return from_exception(exc)
+        return _refusal(request, exc)
     return JSONResponse({"prompt": state.tokenizer.decode(req.tokens)})

@@ -120,6 +120,12 @@ if SIMULATOR:
         """float32 whose bit pattern is the low 32 bits of the integer bits."""
         return np.uint32(int(bits) & 0xFFFFFFFF).view(np.float32)
 
+    @cuda.jit(device=True)
+    def fma32(a, b, c):
+        """a * b + c through float64 (the product exact, the sum rounded there, then to
+        float32): the simulator's paths only need to agree with one another."""
+        return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
     def _exchange(v):
         """Publishes v as this thread's lane; returns (thread index, threads in the block)."""
         ctx = _sim()
@@ -203,6 +209,13 @@ else:
     def as_f32(bits):
         """float32 whose bit pattern is the low 32 bits of the integer bits."""
         return cuda.libdevice.int_as_float(np.int32(bits))
+
+    @cuda.jit(device=True)
+    def fma32(a, b, c):
+        """a * b + c rounded once. Where a sum of two products must give the same bits in two
+        kernels, write it with this: the compiler fuses one of the products into the sum, and
+        which one it picks depends on the code around it."""
+        return cuda.libdevice.fmaf(a, b, c)
 
     @cuda.jit(device=True)
     def warp_sum(v):

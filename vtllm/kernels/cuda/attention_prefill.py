@@ -1,31 +1,41 @@
 """Causal attention of a prefill step over the paged KV cache: attention_split's bits, with one
-load of each key split shared by several query tokens. Hot path: keep it lean.
+load of each key split shared by a tile of ROWS (token, query head) rows and register tiles in
+both products. Hot path: keep it lean.
 
 attention_split's decode kernel gives a block one token and one kv head; a prefill of n tokens
-through it loads every split of K and V n times, and at G = Hq / Hk = 2 half of each block's
-threads idle in the score and p @ V phases. Here a block owns one kv head and a tile of
-ROWS // G consecutive tokens, so up to ROWS (token, query head) rows: the tokens of the tile
-that belong to one sequence (a run) go through each split together. Per split:
-  1. load: the split's K and V into shared memory, once, through attention_split._load_split;
-  2. scores: warp w takes ROWS_PER_WARP rows at once, lane j key j, each of the lane's key
-     loads serving every row; then each row's max and sum of exp by two warp reductions, as
-     the decode kernel does for a head. A row whose causal window ends before this split has
-     no key in it: its state is empty (max -inf), and folding an empty state returns the
-     running one unchanged;
-  3. p @ V: each thread ITEMS rows of one four-column piece, each V load serving them all,
-     folded into running states held in registers (max and sum per row in shared memory).
-Per row and key, and per row and column, the sums run in the decode kernel's order (its
-_score and _weighted_columns, written out here for several rows).
-The split's state of a row is the decode kernel's for that row (same keys at the same lanes,
-same operations: keys loaded for a longer row of the run only add p = 0 terms past the row's
-last key, as the decode kernel's padding keys do), and the splits are folded in order with
-attention_split._fold, as its combine kernel folds them: a token's output has the same bits
-whichever path computed it.
+through it loads every split of K and V n times. Here a block owns one kv head and ROWS // G
+consecutive tokens (G = Hq / Hk), so up to ROWS rows; the tokens of the tile that belong to one
+sequence (a run) go through each split of SPLIT keys together, in four phases:
+  1. load: the split's K and V into shared memory (warp w keys w, w + WARPS, ..., lane l dims
+     4l .. 4l + 3, every load in flight before the first store);
+  2. scores: thread (row group, key group) computes S_ROWS rows x S_KEYS keys of q . k, each
+     128-bit load of q serving S_KEYS keys and each load of k serving S_ROWS rows (the old
+     kernel, one key a thread, loaded q anew for every key: shared memory was its limit);
+  3. softmax: warp w takes rows w, w + WARPS, ..., lane j key j, and reduces each row's scores
+     with warp_max and warp_sum exactly as the decode kernel does;
+  4. p @ V: thread (row group, column group) sums V_ROWS rows x PIECES four-column pieces,
+     each V load serving V_ROWS rows, folded into running states held in registers.
+Per row and key, and per row and column, every sum runs in the decode kernel's order (its
+_score: four partial sums over dims in order; its _weighted_columns: keys in order), and a
+row's splits are folded in order as attention_split._fold folds them (_fold_weights and
+_fold_acc, whose two-product sums are pinned with fma32). A row whose causal window ends
+before a split has no key in it: its state is empty (max -inf), and folding an empty state
+returns the running one unchanged; keys loaded for a longer row of the run only add p = 0
+terms past a row's last key, as the decode kernel's padding keys do. So a token's output has
+the same bits whichever path computed it.
 
-On the H200 (tools/device_bench_attention.py --prefill, one prompt): 1.3-2.3x faster than one
-token per block at 1,024-4,096 tokens, slower at 128 (85 against 63 us at the Qwen3-0.6B shape:
-128 blocks leave SMs idle; fewer tokens per block there, and rows spread over the warps, measured
-slower still), and still ~7x slower than torch's float32 SDPA, which uses tensor cores.
+Tiles are launched heaviest first (the last tokens of a prompt see the most keys), so the
+long blocks do not start in the last wave. The working set (K, V, queries, scores: ~77 KB)
+is dynamic shared memory: two blocks of 8 warps share an SM.
+
+On the H200 (tools/device_bench_attention.py --prefill): 1.5x the previous kernel (one
+16-row tile a block, q . k one key a thread) at 1,024 tokens and 1.8x at 4,096, about even
+at 128 (slower on the 135M shape); still ~2.5-2.8x slower than torch's float32 SDPA. A lone
+block takes ~15 us a split (128 tokens: 60 us for 4 splits) where its ~2,900 instructions a
+warp would issue in ~3 us. Not profiled yet; the suspects are the four barriers a split (the
+load phase's latency is not hidden behind math) and 128-bit shared loads at four wavefronts
+each in the score phase (6 loads per 32 FMAs). Next to try: the next split's K and V loaded
+during this one's math, larger score tiles.
 """
 
 import math
@@ -34,47 +44,60 @@ import numpy as np
 from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fmax, imin, warp_max, warp_sum
-from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4
+from vtllm.kernels.cuda._kv_cache import kv_value4
+from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_shared_f32x4
+from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
 from vtllm.kernels.cuda.attention import _sequence_of
 from vtllm.kernels.cuda.attention_split import (
-    K_AT,
+    KEEP_FIRST,
     MAX_DIM,
     MAX_GROUP,
+    MIX,
     ROW,
     SPLIT,
-    THREADS,
-    V_AT,
-    WARPS,
-    _fold,
-    _load_split,
+    TAKE_SECOND,
+    _fold_acc,
+    _fold_weights,
     block_shift,
 )
 
-ROWS = 8 if SIMULATOR else 16  # (token, query head) rows per block: 16 / G tokens
-ROWS_PER_WARP = ROWS // WARPS  # in the score phase
-# p @ V: thread i takes column piece i % quads of rows i // quads + k * (THREADS // quads),
-# k < ITEMS; at head_dim 128 (32 pieces) that is 4 rows apart, fewer pieces spread further
-ITEMS = ROWS * (MAX_DIM // 4) // THREADS
-assert ROWS >= MAX_GROUP and ITEMS * THREADS == ROWS * (MAX_DIM // 4)
-assert ROWS_PER_WARP * WARPS == ROWS
-# K and V at attention_split's offsets (for _load_split); the rest around them, in one array
-P_AT = 0  # probabilities [ROWS, SPLIT]
-M_AT = P_AT + ROWS * SPLIT  # the split's max and sum per row
+WARPS = 2 if SIMULATOR else 8
+THREADS = 32 * WARPS
+KEYS_PER_WARP = SPLIT // WARPS  # in the load phase
+# scores: S_ROWS x S_KEYS per thread; the key group's keys are kg, kg + KEY_GROUPS, ..., so
+# the eight key groups of a warp read eight consecutive K rows (no bank conflict: ROW % 32 = 4)
+S_KEYS = 4
+KEY_GROUPS = SPLIT // S_KEYS
+S_ROWS = 2
+ROWS = THREADS // KEY_GROUPS * S_ROWS  # rows of a tile: 64 (16 in the simulator)
+# p @ V: V_ROWS rows x PIECES four-column pieces per thread, pieces cg and cg + COL_GROUPS, so
+# the column groups of a quarter-warp read consecutive 16-byte pieces of a V row
+PIECES = 2
+COL_GROUPS = MAX_DIM // 4 // PIECES
+V_ROWS = ROWS // (THREADS // COL_GROUPS)
+assert KEY_GROUPS * (ROWS // S_ROWS) == THREADS and ROWS >= MAX_GROUP
+assert COL_GROUPS * (ROWS // V_ROWS) == THREADS and KEYS_PER_WARP * WARPS == SPLIT
+P_ROW = SPLIT + 4  # score / probability row stride: rows V_ROWS apart fall on other banks
+# one dynamic shared array carved into regions, every offset a multiple of 4 floats
+K_AT = 0  # the split's keys [SPLIT, ROW]
+V_AT = K_AT + SPLIT * ROW  # and values
+Q_AT = V_AT + SPLIT * ROW  # scaled queries [ROWS, ROW]
+P_AT = Q_AT + ROWS * ROW  # scores, then probabilities [ROWS, P_ROW]
+M_AT = P_AT + ROWS * P_ROW  # the split's max and sum per row
 L_AT = M_AT + ROWS
 RUN_M_AT = L_AT + ROWS  # running max and sum per row
 RUN_L_AT = RUN_M_AT + ROWS
 NEW_M_AT = RUN_L_AT + ROWS  # their next values, staged until every thread read the old
 NEW_L_AT = NEW_M_AT + ROWS
 BAD_AT = NEW_L_AT + ROWS  # per warp: first block-table entry outside the cache
-Q_AT = V_AT + SPLIT * ROW  # scaled queries [ROWS, MAX_DIM]
-SMEM_WORDS = Q_AT + ROWS * MAX_DIM
-assert BAD_AT + WARPS <= K_AT and SMEM_WORDS * 4 <= 48 * 1024
+SMEM_WORDS = BAD_AT + WARPS
+SHARED_BYTES = 4 * SMEM_WORDS
 NO_BAD = np.float32(1 << 24)
-_REGISTERS = {} if SIMULATOR else {"max_registers": 128}
+_REGISTERS = {} if SIMULATOR else {"max_registers": 128}  # two blocks of 256 threads an SM
 
 
 @cuda.jit(device=True)
-def _readable_keys(block_tables, s, n_blocks, num_blocks, bs, tid, w, lane, smem):
+def _readable_keys(block_tables, s, n_blocks, num_blocks, bs, tid, w, smem):
     """Keys of sequence s readable before the first of its n_blocks table entries that is
     outside the cache (every key when none is): rows reaching past it are skipped, as the
     decode kernel skips a row with a bad entry in its window. Block-uniform."""
@@ -84,7 +107,7 @@ def _readable_keys(block_tables, s, n_blocks, num_blocks, bs, tid, w, lane, smem
         if (e < 0 or e >= num_blocks) and b < bad:
             bad = np.float32(b)
     bad = -warp_max(-bad)
-    if lane == 0:
+    if tid % 32 == 0:
         smem[BAD_AT + w] = bad
     cuda.syncthreads()
     first = smem[BAD_AT]
@@ -94,58 +117,90 @@ def _readable_keys(block_tables, s, n_blocks, num_blocks, bs, tid, w, lane, smem
 
 
 @cuda.jit(device=True)
-def _scores(smem, r0, j, D, sc):
-    """sc[i] <- the four partial sums of q_(r0 + i) . k_j, in _score's order."""
-    for i in range(ROWS_PER_WARP):
-        for c in range(4):
-            sc[i, c] = 0.0
-    k_at, q_at = K_AT + j * ROW, Q_AT + r0 * MAX_DIM
-    if D % 32 == 0:  # the inner loop unrolls (see attention_split._score)
+def _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift):
+    """Phase 1: keys lo .. lo + n_here - 1 into rows 0 .. n_here - 1 of K and V; rows past
+    n_here repeat key lo (finite values that p = 0 will weigh), as attention_split's loader
+    does. shift: block_shift(block size)."""
+    d = 4 * lane
+    if d >= D:
+        return
+    bs = k_cache.shape[1]
+    kr = cuda.local.array((KEYS_PER_WARP, 4), float32)
+    vr = cuda.local.array((KEYS_PER_WARP, 4), float32)
+    for i in range(KEYS_PER_WARP):
+        jj = w + WARPS * i
+        j = lo + (jj if jj < n_here else 0)
+        if shift >= 0:
+            blk, off = block_tables[s, j >> shift], j & (bs - 1)
+        else:
+            blk, off = block_tables[s, j // bs], j % bs
+        kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = kv_value4(k_cache, blk, off, hk, d)
+        vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = kv_value4(v_cache, blk, off, hk, d)
+    for i in range(KEYS_PER_WARP):
+        at = (w + WARPS * i) * ROW + d
+        store_shared_f32x4(smem, K_AT + at, kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3])
+        store_shared_f32x4(smem, V_AT + at, vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3])
+
+
+@cuda.jit(device=True)
+def _score_step(smem, q_at, k_at, d, sc):
+    """sc[i, u] (row i, key u: four partial sums) advanced by dims d .. d + 3."""
+    for u in range(S_KEYS):
+        k0, k1, k2, k3 = shared_f32x4(smem, k_at + u * KEY_GROUPS * ROW + d)
+        for i in range(S_ROWS):
+            q0, q1, q2, q3 = shared_f32x4(smem, q_at + i * ROW + d)
+            sc[i, u, 0] += q0 * k0
+            sc[i, u, 1] += q1 * k1
+            sc[i, u, 2] += q2 * k2
+            sc[i, u, 3] += q3 * k3
+
+
+@cuda.jit(device=True)
+def _scores(smem, r0, kg, D, sc):
+    """sc[i, u] <- the four partial sums of q_(r0 + i) . k_(kg + u KEY_GROUPS), in _score's
+    order (dims in order, each residue class mod 4 its own sum)."""
+    for i in range(S_ROWS):
+        for u in range(S_KEYS):
+            for c in range(4):
+                sc[i, u, c] = 0.0
+    q_at, k_at = Q_AT + r0 * ROW, K_AT + kg * ROW
+    if D % 32 == 0:  # the inner loop unrolls with constant offsets (attention_split._score)
         for d0 in range(0, D, 32):
-            for u in range(8):
-                _score_step(smem, k_at, q_at, d0 + 4 * u, sc)
+            for t in range(8):
+                _score_step(smem, q_at, k_at, d0 + 4 * t, sc)
     else:
         for d in range(0, D, 4):
-            _score_step(smem, k_at, q_at, d, sc)
+            _score_step(smem, q_at, k_at, d, sc)
 
 
 @cuda.jit(device=True)
-def _score_step(smem, k_at, q_at, d, sc):
-    """sc[i] advanced by dims d .. d + 3 of key k_at against each row i's query."""
-    k0, k1, k2, k3 = shared_f32x4(smem, k_at + d)
-    for i in range(ROWS_PER_WARP):
-        q0, q1, q2, q3 = shared_f32x4(smem, q_at + i * MAX_DIM + d)
-        sc[i, 0] += q0 * k0
-        sc[i, 1] += q1 * k1
-        sc[i, 2] += q2 * k2
-        sc[i, 3] += q3 * k3
-
-
-@cuda.jit(device=True)
-def _columns(smem, rr, step, d, pv, ps):
-    """pv[k] <- sum over the split's keys j of p[row k, j] * V[j, d .. d + 3], row k being
-    rr + k * step (clamped to the shared array), in _weighted_columns' order; each row's p
-    read four keys at a time (ps: [ITEMS, 4] registers)."""
-    for k in range(ITEMS):
-        for c in range(4):
-            pv[k, c] = 0.0
+def _columns(smem, r0, pieces, pv, ps):
+    """pv[i, c] <- sum over the split's keys j of p[r0 + i, j] * V[j, piece c], keys in order
+    (_weighted_columns' order); p read four keys at a time (ps: [V_ROWS, 4] registers).
+    pieces: the column offsets of this thread's pieces (a piece past the head repeats one
+    inside it; its sums are not used)."""
+    for i in range(V_ROWS):
+        for c in range(PIECES):
+            for e in range(4):
+                pv[i, c, e] = 0.0
     for j4 in range(0, SPLIT, 4):
-        for k in range(ITEMS):
-            p_at = P_AT + imin(rr + k * step, ROWS - 1) * SPLIT + j4
-            ps[k, 0], ps[k, 1], ps[k, 2], ps[k, 3] = shared_f32x4(smem, p_at)
+        for i in range(V_ROWS):
+            p_at = P_AT + (r0 + i) * P_ROW + j4
+            ps[i, 0], ps[i, 1], ps[i, 2], ps[i, 3] = shared_f32x4(smem, p_at)
         for u in range(4):
-            v0, v1, v2, v3 = shared_f32x4(smem, V_AT + (j4 + u) * ROW + d)
-            for k in range(ITEMS):
-                p = ps[k, u]
-                pv[k, 0] += p * v0
-                pv[k, 1] += p * v1
-                pv[k, 2] += p * v2
-                pv[k, 3] += p * v3
+            for c in range(PIECES):
+                v0, v1, v2, v3 = shared_f32x4(smem, V_AT + (j4 + u) * ROW + pieces[c])
+                for i in range(V_ROWS):
+                    p = ps[i, u]
+                    pv[i, c, 0] += p * v0
+                    pv[i, c, 1] += p * v1
+                    pv[i, c, 2] += p * v2
+                    pv[i, c, 3] += p * v3
 
 
 @cuda.jit(cache=True, **_REGISTERS)
 def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out):
-    tile, hk = cuda.blockIdx.x, cuda.blockIdx.y
+    tile, hk = cuda.gridDim.x - 1 - cuda.blockIdx.x, cuda.blockIdx.y  # heaviest tiles first
     tid = cuda.threadIdx.x
     w, lane = tid // 32, tid % 32
     num_blocks, bs, Hk, D = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], q.shape[2]
@@ -153,16 +208,18 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     quads = D // 4
     per_tile = ROWS // G
     t_end = imin((tile + 1) * per_tile, q.shape[0])
-    smem = cuda.shared.array(SMEM_WORDS, float32)  # the only one: 16-byte aligned
-    # registers (constant indices once the loops are unrolled): running acc, split sums
-    acc = cuda.local.array((ITEMS, 4), float32)
-    pv = cuda.local.array((ITEMS, 4), float32)
-    sc = cuda.local.array((ROWS_PER_WARP, 4), float32)
-    ps = cuda.local.array((ITEMS, 4), float32)
-    lims = cuda.local.array(ROWS_PER_WARP, np.int64)  # per score row: keys it sees, + lo
+    smem = cuda.shared.array(0, float32)  # dynamic: SHARED_BYTES
+    acc = cuda.local.array((V_ROWS, PIECES, 4), float32)  # running p @ V of this thread's rows
+    pv = cuda.local.array((V_ROWS, PIECES, 4), float32)  # the split's
+    ps = cuda.local.array((V_ROWS, 4), float32)
+    sc = cuda.local.array((S_ROWS, S_KEYS, 4), float32)
+    lims = cuda.local.array(S_ROWS, np.int64)  # per score row: keys it sees
+    pieces = cuda.local.array(PIECES, np.int64)
     shift = block_shift(bs)
-    step = THREADS // quads  # p @ V rows apart for one thread
-    rr, dq = tid // quads, 4 * (tid % quads)  # this thread's first row and column piece
+    kg, s_r0 = tid % KEY_GROUPS, (tid // KEY_GROUPS) * S_ROWS  # score tile
+    cg, v_r0 = tid % COL_GROUPS, (tid // COL_GROUPS) * V_ROWS  # p @ V tile
+    for c in range(PIECES):
+        pieces[c] = 4 * imin(cg + c * COL_GROUPS, quads - 1)
     first = tile * per_tile
     while first < t_end:  # one run of tokens of one sequence at a time
         s = _sequence_of(query_start_loc, first)
@@ -177,70 +234,81 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
         base = ctx - query_start_loc[s + 1] + 1  # keys seen by token t: base + t
         n_blocks = (base + end - 1 + bs - 1) // bs
         cuda.syncthreads()  # the last run's reads of shared memory are done
-        readable = _readable_keys(block_tables, s, n_blocks, num_blocks, bs, tid, w, lane, smem)
+        readable = _readable_keys(block_tables, s, n_blocks, num_blocks, bs, tid, w, smem)
         end = imin(end, readable - base + 1)  # tokens whose whole window is readable
         if end <= run_start:
             continue
         n_rows = (end - run_start) * G
         n_keys = base + end - 1  # the run's longest window
-        for e in range(tid, n_rows * D, THREADS):
-            r, d = e // D, e % D
-            t, g = run_start + r // G, r % G
-            smem[Q_AT + r * MAX_DIM + d] = q[t, hk * G + g, d] * scale
+        for r in range(w, n_rows, WARPS):  # a row per warp: two divisions a row, not a value
+            t, h = run_start + r // G, hk * G + r % G
+            for d in range(lane, D, 32):
+                smem[Q_AT + r * ROW + d] = q[t, h, d] * scale
         if tid < n_rows:
             smem[RUN_M_AT + tid] = NEG_INF
             smem[RUN_L_AT + tid] = 0.0
-        for i in range(ITEMS):
-            for c in range(4):
-                acc[i, c] = 0.0
-        r0 = w * ROWS_PER_WARP
-        for i in range(ROWS_PER_WARP):
-            lims[i] = base + run_start + (r0 + i) // G
+        for i in range(V_ROWS):
+            for c in range(PIECES):
+                for e in range(4):
+                    acc[i, c, e] = 0.0
+        for i in range(S_ROWS):
+            lims[i] = base + run_start + (s_r0 + i) // G
         for sp in range((n_keys + SPLIT - 1) // SPLIT):
             lo = sp * SPLIT
             _load_split(k_cache, v_cache, block_tables, s, hk, lo, imin(n_keys - lo, SPLIT),
                         w, lane, D, smem, shift)  # fmt: skip
             cuda.syncthreads()
-            _scores(smem, r0, lane, D, sc)
-            for i in range(ROWS_PER_WARP):  # block-uniform: every warp reduces alike
-                r = r0 + i
-                score = NEG_INF
-                if r < n_rows and lane < lims[i] - lo:
-                    score = (sc[i, 0] + sc[i, 1]) + (sc[i, 2] + sc[i, 3])
+            _scores(smem, s_r0, kg, D, sc)
+            for i in range(S_ROWS):
+                r = s_r0 + i
+                for u in range(S_KEYS):
+                    j = kg + u * KEY_GROUPS
+                    score = NEG_INF
+                    if r < n_rows and j < lims[i] - lo:
+                        score = (sc[i, u, 0] + sc[i, u, 1]) + (sc[i, u, 2] + sc[i, u, 3])
+                    smem[P_AT + r * P_ROW + j] = score
+            cuda.syncthreads()
+            for r in range(w, ROWS, WARPS):  # block-uniform: every warp reduces alike
+                score = smem[P_AT + r * P_ROW + lane]
                 m = warp_max(score)
                 p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
                 l = warp_sum(p)
-                if r < n_rows:
-                    smem[P_AT + r * SPLIT + lane] = p
-                    if lane == 0:
-                        smem[M_AT + r] = m
-                        smem[L_AT + r] = l
+                smem[P_AT + r * P_ROW + lane] = p
+                if lane == 0:
+                    smem[M_AT + r] = m
+                    smem[L_AT + r] = l
             cuda.syncthreads()
-            if rr < step:
-                _columns(smem, rr, step, dq, pv, ps)
-            for k in range(ITEMS):
-                r = rr + k * step
-                if rr < step and r < n_rows:
-                    m2, l2 = smem[M_AT + r], smem[L_AT + r]
+            _columns(smem, v_r0, pieces, pv, ps)
+            for i in range(V_ROWS):
+                r = v_r0 + i
+                if r < n_rows:  # _fold of the running and the split's state, per column
                     m, l = smem[RUN_M_AT + r], smem[RUN_L_AT + r]
-                    nm, nl, acc[k, 0] = _fold(m, l, acc[k, 0], m2, l2, pv[k, 0])
-                    nm, nl, acc[k, 1] = _fold(m, l, acc[k, 1], m2, l2, pv[k, 1])
-                    nm, nl, acc[k, 2] = _fold(m, l, acc[k, 2], m2, l2, pv[k, 2])
-                    nm, nl, acc[k, 3] = _fold(m, l, acc[k, 3], m2, l2, pv[k, 3])
-                    if dq == 0:
-                        smem[NEW_M_AT + r] = nm
-                        smem[NEW_L_AT + r] = nl
+                    top, total, c1, c2, how = _fold_weights(m, l, smem[M_AT + r], smem[L_AT + r])
+                    if how != KEEP_FIRST:  # one branch a row, not one a column
+                        for c in range(PIECES):
+                            for e in range(4):
+                                a, a2 = acc[i, c, e], pv[i, c, e]
+                                if how == MIX:
+                                    acc[i, c, e] = _fold_acc(a, a2, c1, c2, MIX)
+                                else:
+                                    acc[i, c, e] = _fold_acc(a, a2, c1, c2, TAKE_SECOND)
+                    if cg == 0:
+                        smem[NEW_M_AT + r] = top
+                        smem[NEW_L_AT + r] = total
             cuda.syncthreads()  # K, V, P and the old running max / sum all read
             if tid < n_rows:
                 smem[RUN_M_AT + tid] = smem[NEW_M_AT + tid]
                 smem[RUN_L_AT + tid] = smem[NEW_L_AT + tid]
         cuda.syncthreads()
-        for k in range(ITEMS):
-            r = rr + k * step
-            if rr < step and r < n_rows:
+        for i in range(V_ROWS):
+            r = v_r0 + i
+            if r < n_rows:
                 t, h, l = run_start + r // G, hk * G + r % G, smem[RUN_L_AT + r]
-                for c in range(4):
-                    out[t, h, dq + c] = acc[k, c] / l
+                for c in range(PIECES):
+                    piece = cg + c * COL_GROUPS
+                    if piece < quads:
+                        for e in range(4):
+                            out[t, h, 4 * piece + e] = acc[i, c, e] / l
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
@@ -251,5 +319,6 @@ def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_l
     Hk = k_cache.shape[2]
     per_tile = ROWS // (Hq // Hk)
     grid = (-(-T // per_tile), Hk)
-    _prefill_kernel[grid, THREADS, stream](q, k_cache, v_cache, block_tables, seq_lens,
-                                           query_start_loc, np.float32(scale), out)  # fmt: skip
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, np.float32(scale), out)
+    allow_dynamic_shared(_prefill_kernel, args, SHARED_BYTES)
+    _prefill_kernel[grid, THREADS, stream, SHARED_BYTES](*args)

@@ -27,7 +27,15 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fmax, imin, warp_max, warp_sum
+from vtllm.kernels.cuda._device import (
+    NEG_INF,
+    SIMULATOR,
+    fma32,
+    fmax,
+    imin,
+    warp_max,
+    warp_sum,
+)
 from vtllm.kernels.cuda._kv_cache import kv_value4
 from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_shared_f32x4
 from vtllm.kernels.cuda.attention import _sequence_of
@@ -61,17 +69,39 @@ def splits_for(max_positions: int) -> int:
     return -(-max_positions // SPLIT)
 
 
+KEEP_FIRST, TAKE_SECOND, MIX = 0, 1, 2  # how _fold_weights says to merge two accs
+
+
 @cuda.jit(device=True)
-def _fold(m, l, a, m2, l2, a2):
-    """(m, l, a) merged with (m2, l2, a2); a state with m = -inf is empty."""
+def _fold_weights(m, l, m2, l2):
+    """The merged max and sum of states (m, l) and (m2, l2), and how their accs merge:
+    (top, sum, c1, c2, how); a state with m = -inf is empty. Computed once for a row whose
+    accs are many columns."""
     if m2 == NEG_INF:
-        return m, l, a
+        return m, l, np.float32(1.0), np.float32(0.0), KEEP_FIRST
     if m == NEG_INF:
-        return m2, l2, a2
+        return m2, l2, np.float32(0.0), np.float32(1.0), TAKE_SECOND
     top = fmax(m, m2)
     c1 = math.exp(m - top)
     c2 = math.exp(m2 - top)
-    return top, l * c1 + l2 * c2, a * c1 + a2 * c2
+    return top, fma32(l, c1, l2 * c2), c1, c2, MIX
+
+
+@cuda.jit(device=True)
+def _fold_acc(a, a2, c1, c2, how):
+    """One column of two accs merged with _fold_weights' (c1, c2, how)."""
+    if how == KEEP_FIRST:
+        return a
+    if how == TAKE_SECOND:
+        return a2
+    return fma32(a, c1, a2 * c2)  # one rounding order in every kernel that folds
+
+
+@cuda.jit(device=True)
+def _fold(m, l, a, m2, l2, a2):
+    """(m, l, a) merged with (m2, l2, a2); a state with m = -inf is empty."""
+    top, total, c1, c2, how = _fold_weights(m, l, m2, l2)
+    return top, total, _fold_acc(a, a2, c1, c2, how)
 
 
 @cuda.jit(device=True)

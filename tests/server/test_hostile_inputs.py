@@ -209,16 +209,21 @@ def test_valid_requests_still_succeed(server, baseline):
 
 
 def test_a_refusal_before_the_body_is_read_closes_the_connection_openly(server, baseline):
-    """Refused with its body unread (415), a request leaves bytes the connection cannot be
-    reused past: the response says `Connection: close`, so a keep-alive client opens a new
-    connection instead of sending into the closing one. Refused after reading (400), the
-    connection stays open."""
+    """Refused with its body unread (415, or an unknown route), a request leaves bytes the
+    connection cannot be reused past: the response says `Connection: close`, so a keep-alive
+    client opens a new connection instead of sending into the closing one. Refused after
+    reading (400), or with no body (a GET 404), the connection stays open."""
+    body = b'{"prompt": "x"}'
     with httpx.Client(timeout=60) as client:
         for _ in range(20):
-            r = client.post(server + C, content=b'{"prompt": "x"}', headers={"content-type": "x"})
+            r = client.post(server + C, content=body, headers={"content-type": "x"})
             assert r.status_code == 415 and r.headers.get("connection") == "close"
+            r = client.post(server + "/v1/nowhere", content=body, headers={"content-type": J})
+            assert r.status_code == 404 and r.headers.get("connection") == "close"
             r = client.post(server + C, json=_c(temperature=-1))
             assert r.status_code == 400 and r.headers.get("connection") != "close"
+            r = client.get(server + "/v1/nowhere")
+            assert r.status_code == 404 and r.headers.get("connection") != "close"
 
 
 # -- the HTTP layer: hypercorn (h11) answers these itself, without the app ----------------------

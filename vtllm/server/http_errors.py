@@ -50,6 +50,22 @@ def from_exception(exc: Exception) -> Response:
     raise exc
 
 
-async def http_exception(_request: Request, exc: HTTPException) -> Response:
+def close_if_body_unread(request: Request, response: Response) -> Response:
+    """A request refused before its body was read through (a wrong content type, a declared
+    length over the cap, admission, a body timeout, an unknown route) leaves bytes on an
+    HTTP/1.1 connection that cannot be reused, so the server closes it after the response: the
+    response says so, or a keep-alive client would send its next request into the closing
+    socket and see the connection drop instead of an answer."""
+    if not request.scope.get("http_version", "1.1").startswith("1"):
+        return response  # HTTP/2 streams end on their own; the header is not allowed there
+    announced = request.headers.get("content-length", "0") != "0"
+    chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+    if (announced or chunked) and not getattr(request.state, "body_read", False):
+        response.headers["connection"] = "close"
+    return response
+
+
+async def http_exception(request: Request, exc: HTTPException) -> Response:
     kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "error")
-    return error_response(exc.status_code, str(exc.detail), kind, headers=exc.headers)
+    response = error_response(exc.status_code, str(exc.detail), kind, headers=exc.headers)
+    return close_if_body_unread(request, response)

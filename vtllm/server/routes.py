@@ -17,7 +17,12 @@ from vtllm.scheduler.output import ERROR
 from vtllm.server import preprocess, responses
 from vtllm.server.admission import DISCONNECTED_AT, admit, admit_prompt_tokens
 from vtllm.server.generation import submit
-from vtllm.server.http_errors import HttpError, error_response, from_exception
+from vtllm.server.http_errors import (
+    HttpError,
+    close_if_body_unread,
+    error_response,
+    from_exception,
+)
 from vtllm.server.protocol import (
     chat_decoder,
     completion_decoder,
@@ -75,16 +80,7 @@ async def read_json(request: Request, decoder, limit: int):
 
 
 def _refusal(request: Request, exc: Exception) -> Response:
-    """The error response for exc. A request refused before its body was read through (a
-    wrong content type, a declared length over the cap, admission, a body timeout) leaves
-    bytes on an HTTP/1.1 connection that cannot be reused, so the server closes it after the
-    response: the response says so, or a keep-alive client would send its next request into
-    the closing socket and see the connection drop instead of an answer."""
-    response = from_exception(exc)
-    http1 = request.scope.get("http_version", "1.1").startswith("1")
-    if http1 and not getattr(request.state, "body_read", False):
-        response.headers["connection"] = "close"
-    return response
+    return close_if_body_unread(request, from_exception(exc))
 
 
 def _check_model(state, model: str | None) -> None:

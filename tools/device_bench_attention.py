@@ -9,11 +9,14 @@ paging, no GQA sharing of loads). GB/s counts the K and V bytes once per launch;
 streams ~4.3 TB/s. Each figure is a CUDA graph of 20 launches replayed 5 times, median per
 launch, over enough copies of the KV cache that it comes from HBM (not L2). --variant times
 other copies of attention_split.py too (checked against ours). --kv bfloat16: a cache of bf16
-bits (2 bytes a value) and torch's K/V and q in bf16.
+bits (2 bytes a value) and torch's K/V and q in bf16. --shapes 8B: only that shape.
     python3 tools/device_bench_attention.py --prefill 512,1024,4096 [--variant FILE ...]
 times the prefill path instead (one prompt of n tokens attending causally to itself, no
 scratch) against torch's causal scaled_dot_product_attention; a variant may be a copy of
-attention_split.py (its split_attention without scratch) or of attention_prefill.py."""
+attention_split.py (its split_attention without scratch) or of attention_prefill.py.
+Each case launches its kernel once outside a graph before timing, so a profiler can take that
+launch: ncu --kernel-name regex:_prefill_kernel --launch-count 1 --section SpeedOfLight
+--section WarpStateStats python3 tools/device_bench_attention.py --prefill 1024 --shapes 8B"""
 
 import argparse
 import importlib.util
@@ -81,17 +84,19 @@ def main():
     )
     p.add_argument("--prefill", default="", help="prompt lengths: time the prefill path")
     p.add_argument("--kv", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--shapes", default=",".join(SHAPES), help="which of " + ", ".join(SHAPES))
     args = p.parse_args()
+    shapes = args.shapes.split(",")
     mods = [("ours", attention_split)] + [(Path(v).stem, load(v)) for v in args.variant]
     if args.prefill:
-        return bench_prefill(mods, [int(n) for n in args.prefill.split(",")])
+        return bench_prefill(mods, [int(n) for n in args.prefill.split(",")], shapes)
     targets = [int(t) for t in args.targets.split(",") if t]
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
         f"{'kernel':22s} {'shape':5s} {'batch':>5s} {'ctx':>5s} {'us':>8s} {'GB/s':>6s} {'torch us':>8s} {'GB/s':>6s} {'max err':>8s}"
     )
-    for shape, batch, ctx in CASES:
+    for shape, batch, ctx in [c for c in CASES if c[0] in shapes]:
         hq, hk, d = SHAPES[shape]
         kcs, vcs, meta, q = case_arrays(rng, hq, hk, d, batch, ctx, args.kv)
         bf16 = args.kv == "bfloat16"
@@ -132,7 +137,7 @@ def main():
         torch.cuda.empty_cache()
 
 
-def bench_prefill(mods, lengths):
+def bench_prefill(mods, lengths, shapes):
     """One n-token prompt per case, KV already in the cache; TFLOP/s counts q.k and p.v over
     the causal half (4 hq d n^2 / 2 flops)."""
     stream = cuda.stream()
@@ -140,7 +145,7 @@ def bench_prefill(mods, lengths):
     print(
         f"{'kernel':24s} {'shape':5s} {'n':>5s} {'us':>9s} {'TFLOP/s':>8s} {'torch us':>9s} {'TFLOP/s':>8s} {'max err':>8s}"
     )
-    for shape in ("135M", "0.6B", "8B"):
+    for shape in [s for s in ("135M", "0.6B", "8B") if s in shapes]:
         hq, hk, d = SHAPES[shape]
         for n in lengths:
             kcs, vcs, _, _ = case_arrays(rng, hq, hk, d, 1, n)

@@ -44,8 +44,7 @@ import numpy as np
 from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fmax, imin, warp_max, warp_sum
-from vtllm.kernels.cuda._kv_cache import kv_value4
-from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_shared_f32x4
+from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4
 from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
 from vtllm.kernels.cuda.attention import _sequence_of
 from vtllm.kernels.cuda.attention_split import (
@@ -59,11 +58,11 @@ from vtllm.kernels.cuda.attention_split import (
     _fold_acc,
     _fold_weights,
     block_shift,
+    split_loader,
 )
 
 WARPS = 2 if SIMULATOR else 8
 THREADS = 32 * WARPS
-KEYS_PER_WARP = SPLIT // WARPS  # in the load phase
 # scores: S_ROWS x S_KEYS per thread; the key group's keys are kg, kg + KEY_GROUPS, ..., so
 # the eight key groups of a warp read eight consecutive K rows (no bank conflict: ROW % 32 = 4)
 S_KEYS = 4
@@ -76,7 +75,7 @@ PIECES = 2
 COL_GROUPS = MAX_DIM // 4 // PIECES
 V_ROWS = ROWS // (THREADS // COL_GROUPS)
 assert KEY_GROUPS * (ROWS // S_ROWS) == THREADS and ROWS >= MAX_GROUP
-assert COL_GROUPS * (ROWS // V_ROWS) == THREADS and KEYS_PER_WARP * WARPS == SPLIT
+assert COL_GROUPS * (ROWS // V_ROWS) == THREADS
 P_ROW = SPLIT + 4  # score / probability row stride: rows V_ROWS apart fall on other banks
 # one dynamic shared array carved into regions, every offset a multiple of 4 floats
 K_AT = 0  # the split's keys [SPLIT, ROW]
@@ -93,6 +92,7 @@ BAD_AT = NEW_L_AT + ROWS  # per warp: first block-table entry outside the cache
 SMEM_WORDS = BAD_AT + WARPS
 SHARED_BYTES = 4 * SMEM_WORDS
 NO_BAD = np.float32(1 << 24)
+_load_split = split_loader(WARPS, K_AT, V_AT)  # phase 1
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}  # two blocks of 256 threads an SM
 
 
@@ -114,32 +114,6 @@ def _readable_keys(block_tables, s, n_blocks, num_blocks, bs, tid, w, smem):
     for i in range(1, WARPS):
         first = -fmax(-first, -smem[BAD_AT + i])
     return bs * int(first)
-
-
-@cuda.jit(device=True)
-def _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift):
-    """Phase 1: keys lo .. lo + n_here - 1 into rows 0 .. n_here - 1 of K and V; rows past
-    n_here repeat key lo (finite values that p = 0 will weigh), as attention_split's loader
-    does. shift: block_shift(block size)."""
-    d = 4 * lane
-    if d >= D:
-        return
-    bs = k_cache.shape[1]
-    kr = cuda.local.array((KEYS_PER_WARP, 4), float32)
-    vr = cuda.local.array((KEYS_PER_WARP, 4), float32)
-    for i in range(KEYS_PER_WARP):
-        jj = w + WARPS * i
-        j = lo + (jj if jj < n_here else 0)
-        if shift >= 0:
-            blk, off = block_tables[s, j >> shift], j & (bs - 1)
-        else:
-            blk, off = block_tables[s, j // bs], j % bs
-        kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = kv_value4(k_cache, blk, off, hk, d)
-        vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = kv_value4(v_cache, blk, off, hk, d)
-    for i in range(KEYS_PER_WARP):
-        at = (w + WARPS * i) * ROW + d
-        store_shared_f32x4(smem, K_AT + at, kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3])
-        store_shared_f32x4(smem, V_AT + at, vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3])
 
 
 @cuda.jit(device=True)

@@ -43,15 +43,14 @@ from vtllm.kernels.cuda.attention import _sequence_of
 SPLIT = 32  # keys per split: one per lane in the score phase
 WARPS = 4
 THREADS = 32 * WARPS
-KEYS_PER_WARP = SPLIT // WARPS  # in the load phase
 MAX_GROUP = 8  # query heads per kv head
 MAX_DIM = 128  # head_dim: lane l loads dims 4l .. 4l + 3
 # Shared row stride in floats: a multiple of 4 (128-bit accesses), and 4 mod 32 so that the
 # eight lanes of a quarter-warp reading one 128-bit piece of eight rows hit all 32 banks.
 ROW = MAX_DIM + 4
 # One shared array carved into regions (a single array starts at the block's shared base, so
-# every region below is 16-byte aligned: all offsets are multiples of 4 floats). K and V sit at
-# the same offsets in attention_prefill's layout, which shares _load_split.
+# every region below is 16-byte aligned: all offsets are multiples of 4 floats). attention_prefill
+# lays out its own regions and loads K and V with split_loader too.
 Q_AT = 0  # scaled queries [MAX_GROUP, MAX_DIM]
 K_AT = Q_AT + MAX_GROUP * MAX_DIM  # the split's keys [SPLIT, ROW]
 V_AT = K_AT + SPLIT * ROW  # and values
@@ -137,28 +136,40 @@ def _slot_of(block_tables, s, j, bs, shift):
     return block_tables[s, j // bs], j % bs
 
 
-@cuda.jit(device=True)
-def _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift):
-    """Phase 1: keys lo .. lo + n_here - 1 into rows 0 .. n_here - 1 of K and V. Rows past
-    n_here repeat key lo (finite values that p = 0 will weigh), so no branch depends on the
-    key. Fixed trip counts: unrolled, kr / vr live in registers and every load is in flight
-    before the first store. shift: block_shift(block size)."""
-    d = 4 * lane
-    if d >= D:
-        return
-    bs = k_cache.shape[1]
-    kr = cuda.local.array((KEYS_PER_WARP, 4), float32)
-    vr = cuda.local.array((KEYS_PER_WARP, 4), float32)
-    for i in range(KEYS_PER_WARP):
-        jj = w + WARPS * i
-        j = lo + (jj if jj < n_here else 0)
-        blk, off = _slot_of(block_tables, s, j, bs, shift)
-        kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = kv_value4(k_cache, blk, off, hk, d)
-        vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = kv_value4(v_cache, blk, off, hk, d)
-    for i in range(KEYS_PER_WARP):
-        at = (w + WARPS * i) * ROW + d
-        store_shared_f32x4(smem, K_AT + at, kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3])
-        store_shared_f32x4(smem, V_AT + at, vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3])
+def split_loader(warps: int, k_at: int, v_at: int):
+    """Phase 1 for a block of `warps` warps whose shared K and V rows start at k_at and v_at:
+    load(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift) puts keys
+    lo .. lo + n_here - 1 into rows 0 .. n_here - 1 of K and V (warp w keys w, w + warps, ..,
+    lane l dims 4l .. 4l + 3). Rows past n_here repeat key lo (finite values that p = 0 will
+    weigh), so no branch depends on the key. Fixed trip counts: unrolled, the loaded rows live
+    in registers and every load is in flight before the first store. shift: block_shift(block
+    size)."""
+    keys_per_warp = SPLIT // warps
+    assert keys_per_warp * warps == SPLIT
+
+    @cuda.jit(device=True)
+    def load(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift):
+        d = 4 * lane
+        if d >= D:
+            return
+        bs = k_cache.shape[1]
+        kr = cuda.local.array((keys_per_warp, 4), float32)
+        vr = cuda.local.array((keys_per_warp, 4), float32)
+        for i in range(keys_per_warp):
+            jj = w + warps * i
+            j = lo + (jj if jj < n_here else 0)
+            blk, off = _slot_of(block_tables, s, j, bs, shift)
+            kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = kv_value4(k_cache, blk, off, hk, d)
+            vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = kv_value4(v_cache, blk, off, hk, d)
+        for i in range(keys_per_warp):
+            at = (w + warps * i) * ROW + d
+            store_shared_f32x4(smem, k_at + at, kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3])
+            store_shared_f32x4(smem, v_at + at, vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3])
+
+    return load
+
+
+_load_split = split_loader(WARPS, K_AT, V_AT)
 
 
 @cuda.jit(device=True)

@@ -11,7 +11,9 @@ the kernel module from a file instead (a copy with other tuning constants; with 
 copy of gemm_mma.py). --rows adds linear_rows (batched decode, bits
 checked against linear_mma) for M > 8. --gemm times the
 prefill kernel gemm_mma (x split included, and alone) against linear_mma and torch on the 8B
-shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's."""
+shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's.
+--x-bf16 packs W for x rounded to bf16 (one mma a product; PackedBF16.x_bf16), ours and the
+bit reference alike."""
 
 import argparse
 import importlib.util
@@ -72,7 +74,7 @@ def torch_us(fn, reps=20, rounds=5) -> float:
     return statistics.median(times)
 
 
-def bench_gemm(ms, shapes, gmod):
+def bench_gemm(ms, shapes, gmod, x_bf16):
     """gemm_mma (of module gmod) against linear_mma (same split of x) and torch; 'bits' counts
     the outputs whose bits differ from linear_mma's (must be 0)."""
     mod = default_module
@@ -86,7 +88,7 @@ def bench_gemm(ms, shapes, gmod):
         n, k = SHAPES[name]
         wt = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
         w_bits = cuda.as_cuda_array(wt.view(torch.int16)).view(np.uint16)
-        packed = mod.pack_bf16(w_bits, stream=stream)
+        packed = mod.pack_bf16(w_bits, x_bf16=x_bf16, stream=stream)
         bias = cuda.to_device(rng.standard_normal(n).astype(np.float32), stream=stream)
         for m in ms:
             x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32), stream=stream)
@@ -94,17 +96,23 @@ def bench_gemm(ms, shapes, gmod):
             ref = cuda.device_array((m, n), np.float32, stream=stream)
             xs = cuda.device_array(mod.x_scratch_words(m, k), np.uint32, stream=stream)
             mod.linear_mma(x, packed, ref, bias=bias, x_scratch=xs, stream=stream)
-            gemm_mma(mod.split_x(x, xs, stream=stream), packed, out, bias=bias, stream=stream)
+            gemm_mma(
+                mod.split_x(x, xs, x_bf16=packed.x_bf16, stream=stream),
+                packed,
+                out,
+                bias=bias,
+                stream=stream,
+            )
             stream.synchronize()
             bad = int(
                 np.count_nonzero(
                     out.copy_to_host().view(np.uint32) != ref.copy_to_host().view(np.uint32)
                 )
             )
-            xp = mod.split_x(x, xs, stream=stream)
+            xp = mod.split_x(x, xs, x_bf16=packed.x_bf16, stream=stream)
 
             def split_gemm(x=x, xs=xs, p=packed, o=out):
-                gemm_mma(mod.split_x(x, xs, stream=stream), p, o, stream=stream)
+                gemm_mma(mod.split_x(x, xs, x_bf16=p.x_bf16, stream=stream), p, o, stream=stream)
 
             ours = numba_us(stream, split_gemm)
             alone = numba_us(
@@ -132,13 +140,15 @@ def bench_rows(stream, mod, x, xs, packed, out):
     mod.linear_mma(x, packed, out, x_scratch=xs, stream=stream)
     ref = out.copy_to_host(stream=stream)
     stream.synchronize()
-    linear_rows(mod.split_x(x, xs, stream=stream), packed, out, stream=stream)
+    linear_rows(mod.split_x(x, xs, x_bf16=packed.x_bf16, stream=stream), packed, out, stream=stream)
     got = out.copy_to_host(stream=stream)
     stream.synchronize()
     bad = int(np.count_nonzero(got.view(np.uint32) != ref.view(np.uint32)))
 
     def fn():
-        linear_rows(mod.split_x(x, xs, stream=stream), packed, out, stream=stream)
+        linear_rows(
+            mod.split_x(x, xs, x_bf16=packed.x_bf16, stream=stream), packed, out, stream=stream
+        )
 
     return f"rows {numba_us(stream, fn):7.1f} us bits {bad}"
 
@@ -165,10 +175,13 @@ def main():
         "--rows", action="store_true", help="also time linear_rows (M > 8; x split included)"
     )
     p.add_argument("--gemm-ms", default="128,512,1024,4096")
+    p.add_argument("--x-bf16", action="store_true", help="W packed for x rounded to bf16")
     args = p.parse_args()
     if args.gemm:
         gmod = load_variant(args.variant) if args.variant else default_gemm_module
-        bench_gemm([int(m) for m in args.gemm_ms.split(",")], args.shapes.split(","), gmod)
+        bench_gemm(
+            [int(m) for m in args.gemm_ms.split(",")], args.shapes.split(","), gmod, args.x_bf16
+        )
         return
     mod = default_module
     if args.variant:
@@ -184,7 +197,7 @@ def main():
         n, k = SHAPES[name]
         wt = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
         w_bits = cuda.as_cuda_array(wt.view(torch.int16)).view(np.uint16)
-        packed = mod.pack_bf16(w_bits, stream=stream)
+        packed = mod.pack_bf16(w_bits, x_bf16=args.x_bf16, stream=stream)
         stream.synchronize()
         for m in ms:
             x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32), stream=stream)

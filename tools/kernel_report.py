@@ -39,7 +39,8 @@ dispatcher.get_current_device = lambda: _H200()
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("module", help="path of the kernel's module")
-    p.add_argument("kernel", help="the @cuda.jit kernel's name in it")
+    p.add_argument("kernel", help="the @cuda.jit kernel's name in it, or an expression of its "
+                   "names (_KERNELS[True])")  # fmt: skip
     p.add_argument("signature", help="numba signature of its arguments")
     p.add_argument("--max-registers", type=int)
     p.add_argument("--sass", help="write the disassembly here")
@@ -47,7 +48,7 @@ def main():
     spec = importlib.util.spec_from_file_location("kernel_module", args.module)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    kernel = getattr(module, args.kernel)
+    kernel = eval(args.kernel, vars(module))  # a name, or a table lookup
     ptx, _ = cuda.compile_ptx(kernel.py_func, args.signature, cc=(9, 0))
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/k.ptx", "w") as f:

@@ -66,6 +66,12 @@ def test_bf16_kv_cache_is_refused_on_the_cpu(tmp_path):
     LLM(str(directory), kv_cache_dtype="float32", max_model_len=64).close()
 
 
+def test_bf16_matmul_inputs_are_refused_on_the_cpu(tmp_path):
+    directory = write_checkpoint(tmp_path / "m", "tiny", seed=1)
+    with pytest.raises(InvalidParameter, match="matmul_input_dtype bfloat16 runs on the cuda"):
+        LLM(str(directory), matmul_input_dtype="bfloat16")
+
+
 def test_seed_gives_same_tokens_and_n_gives_distinct_children(llm):
     params = SamplingParams(temperature=1.0, seed=42, max_tokens=12, ignore_eos=True, n=3)
     first = llm.generate([7, 8, 9], params)[0]

@@ -32,24 +32,27 @@ def _hf_logits(model, ids) -> np.ndarray:
     return out.logits[0].float().cpu().numpy()
 
 
-def _runner(loaded, kv_cache_dtype="float32"):
+def _runner(loaded, kv_cache_dtype="float32", matmul_input_dtype="float32"):
     from vtllm.executor.cuda_runner import CudaModelRunner
 
     return CudaModelRunner(loaded, block_size=16, max_num_seqs=4, max_model_len=512,
                            max_num_batched_tokens=512, kv_cache_memory=256 << 20,
                            kv_cache_fraction=0.0, use_graphs=False,
-                           kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+                           kv_cache_dtype=kv_cache_dtype,
+                           matmul_input_dtype=matmul_input_dtype)  # fmt: skip
 
 
-@pytest.mark.parametrize("kv", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("kv", "matmul"), [("float32",) * 2, ("bfloat16", "float32"),
+                                            ("float32", "bfloat16")])  # fmt: skip
 @pytest.mark.parametrize("shape", SHAPES)
-def test_teacher_forced_logits(tmp_path, shape, kv):
-    """Either KV cache dtype: bf16 K/V (as HF's bf16 model keeps them) stays within the same
-    bounds."""
+def test_teacher_forced_logits(tmp_path, shape, kv, matmul):
+    """Either KV cache dtype and either matmul input dtype: bf16 K/V (as HF's bf16 model keeps
+    them) or activations rounded to bf16 before the tensor cores (as HF's bf16 model feeds
+    them) stay within the same bounds."""
     directory = write_checkpoint(tmp_path / shape, shape, seed=3, bf16=True)
     loaded = load_model(directory)
     ids = np.random.default_rng(2).integers(3, loaded.config.vocab_size, 96).tolist()
-    ours = teacher_forced_logits(_runner(loaded, kv), ids, [40, 56])
+    ours = teacher_forced_logits(_runner(loaded, kv, matmul), ids, [40, 56])
     ref32 = _hf_logits(_hf(directory, torch.float32), ids)
     ref16 = _hf_logits(_hf(directory, torch.bfloat16), ids)
     scale = np.abs(ref32).max(axis=1)
@@ -59,8 +62,10 @@ def test_teacher_forced_logits(tmp_path, shape, kv):
     clear = top2[:, 1] - top2[:, 0] > noise
     agree = ours.argmax(1) == ref16.argmax(1)
     n_clear = int(clear.sum())
+    hf16 = (np.abs(ref16 - ref32).max(axis=1) / scale).max()
     print(
-        f"{shape}, {kv} KV: max relative error vs fp32 {rel.max():.2e}; argmax vs bf16 equal at "
+        f"{shape}, {kv} KV, {matmul} matmul inputs: max relative error vs fp32 "
+        f"{rel.max():.2e} (HF bf16: {hf16:.2e}); argmax vs bf16 equal at "
         f"{agree[clear].sum()}/{n_clear} clear positions ({agree.mean():.0%} overall)"
     )
     assert rel.max() < 1e-2

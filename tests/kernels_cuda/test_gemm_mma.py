@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
-from tests.kernels_cuda.test_linear_mma import check_close
+from tests.kernels_cuda.test_linear_mma import check_close, rounded_to_bf16
 from vtllm.executor.cuda_model import DeviceWeight
 from vtllm.kernels import QType
 from vtllm.kernels.cuda.gemm_mma import (
@@ -49,24 +49,27 @@ def run_both(x, w, bias):
     b = None if bias is None else dev(bias)
     xd = dev(x)
     ours, theirs = poisoned((m, w.n)), poisoned((m, w.n))
-    gemm_mma(split_x(xd, scratch), w, ours, bias=b)
+    gemm_mma(split_x(xd, scratch, x_bf16=w.x_bf16), w, ours, bias=b)
     linear_mma(xd, w, theirs, bias=b, x_scratch=scratch)
     return host(ours), host(theirs)
 
 
+@pytest.mark.parametrize("x_bf16", [False, True])
 @pytest.mark.parametrize("m", MS)
-def test_same_bits_as_linear_mma(rng, m):
+def test_same_bits_as_linear_mma(rng, m, x_bf16):
+    """Either way of carrying x (W packed with or without x_bf16)."""
     for i, (n, k) in enumerate(SHAPES):
         w_bits = random_weight(rng, QType.BF16, n, k)
-        w = pack_bf16(dev(w_bits))
+        w = pack_bf16(dev(w_bits), x_bf16=x_bf16)
         x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
-        x[m // 2, : k // 2] = 0.0  # zero products, signed zeros
-        x[m // 2, k // 2 :] = -0.0
+        if m > 1:  # zero products, signed zeros (one token's row: not the only one)
+            x[m // 2, : k // 2] = 0.0
+            x[m // 2, k // 2 :] = -0.0
         bias = rng.standard_normal(n).astype(np.float32) if (i + m) % 2 else None
         ours, theirs = run_both(x, w, bias)
         assert not np.isnan(ours).any(), f"unwritten outputs, shape {i}"
         np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
-        check_close(ours, x, w_bits, bias)
+        check_close(ours, rounded_to_bf16(x) if x_bf16 else x, w_bits, bias)
 
 
 def test_device_weight_switches_where_gemm_pays(rng):

@@ -8,7 +8,7 @@ import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from vtllm.kernels import QType
-from vtllm.kernels.cpu.quant import dequantize
+from vtllm.kernels.cpu.quant import dequantize, quantize
 from vtllm.kernels.cuda.linear_mma import (
     PREPACK_ABOVE,
     TOKENS,
@@ -60,6 +60,34 @@ def test_matches_reference(rng, m):
             b = None if bias is None else dev(bias)
             linear_mma(dev(x), packed(w), out, bias=b, x_scratch=scratch)
             check_close(host(out), x, w, bias)
+
+
+def rounded_to_bf16(x):
+    """x rounded to the nearest bf16 (ties to even), as float32."""
+    return dequantize(quantize(x, QType.BF16), QType.BF16)
+
+
+@pytest.mark.parametrize("m", MS)
+def test_x_bf16_multiplies_x_rounded_to_bf16(rng, m):
+    """W packed with x_bf16: one mma a product, on x rounded to bf16. That is exactly the
+    hi + lo kernel on x rounded beforehand (lo is zero there, its mma adds zeros), in decode
+    and split steps alike."""
+    for i, (n, k) in enumerate(SHAPES):
+        w_bits = random_weight(rng, QType.BF16, n, k)
+        fast, plain = pack_bf16(dev(w_bits), x_bf16=True), packed(w_bits)
+        x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+        x[0, :3] = 1.0 + 2.0**-9  # a tie: rounds to even (1.0), not up
+        assert (rounded_to_bf16(x) != x).mean() > 0.9  # rounding matters on these inputs
+        bias = dev(rng.standard_normal(n).astype(np.float32)) if i % 2 else None
+        scratches = [None]
+        if m > PREPACK_ABOVE:  # up to PREPACK_ABOVE tokens a scratch changes nothing
+            scratches.append(dev(np.zeros(x_scratch_words(m, k), np.uint32)))
+        for scratch in scratches:
+            ours, theirs = poisoned((m, n)), poisoned((m, n))
+            linear_mma(dev(x), fast, ours, bias=bias, x_scratch=scratch)
+            linear_mma(dev(rounded_to_bf16(x)), plain, theirs, bias=bias, x_scratch=scratch)
+            assert not np.isnan(host(ours)).any(), "unwritten outputs"
+            np.testing.assert_array_equal(host(ours), host(theirs))  # values: -0 == +0
 
 
 def test_packed_layout_is_the_mma_fragment_order(rng):

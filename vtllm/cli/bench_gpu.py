@@ -49,6 +49,12 @@ def add_arguments(parser) -> None:
         help="our KV cache storage (float32: the default configuration)",
     )
     parser.add_argument(
+        "--matmul-input-dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="activations entering our bf16 matmuls (float32: the default configuration)",
+    )
+    parser.add_argument(
         "--json",
         nargs="?",
         const="-",
@@ -86,7 +92,11 @@ class Settings:
         if self.context < 16 or self.steps < 2:
             raise InvalidParameter("--context must be >= 16 and --steps >= 2", param="context")
         self.kernels = args.kernels
-        self.kv_cache_dtype = args.kv_cache_dtype
+        # our runner's precision knobs, passed as they are to LLM and CudaModelRunner
+        self.dtypes = {
+            "kv_cache_dtype": args.kv_cache_dtype,
+            "matmul_input_dtype": args.matmul_input_dtype,
+        }
         self.json = args.json
 
     def checkpoint(self, shape: str) -> Path:
@@ -305,8 +315,8 @@ def measure_shape(settings, shape: str, ckpt: Path) -> tuple[object, dict]:
     loaded = load_model(ckpt)
     results = {}
     say(f"{shape}: ours, offline API c1")
-    c1 = bench_gpu_ours.offline_c1_ms(loaded, kv_cache_dtype=settings.kv_cache_dtype)
-    results["ours"] = {"offline_c1_ms": c1, "kv_cache_dtype": settings.kv_cache_dtype}
+    c1 = bench_gpu_ours.offline_c1_ms(loaded, dtypes=settings.dtypes)
+    results["ours"] = {"offline_c1_ms": c1, **settings.dtypes}
     say(f"{shape}: ours, runner decode at batches {settings.batches} and TTFT {settings.prompts}")
     results["ours"].update(bench_gpu_ours.runner_figures(loaded, settings))
     if "hf" in settings.peers:
@@ -367,7 +377,9 @@ def run_bench_gpu(args) -> int:
         for peer, figures in results.items():
             if isinstance(figures, dict) and "error" in figures:
                 print(f"note: {shape} {peer}: {figures['error']}")
-    print(f"{LEGEND} Our KV cache: {settings.kv_cache_dtype}.")
+    d = settings.dtypes
+    print(f"{LEGEND} Our KV cache: {d['kv_cache_dtype']}; matmul inputs: "
+          f"{d['matmul_input_dtype']}.")  # fmt: skip
     print(format_table(report["rows"], settings.peers))
     return 0
 

@@ -74,6 +74,11 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
             "kv_cache_dtype bfloat16 runs on the cuda device only; the cpu backend stores float32",
             param="kv_cache_dtype",
         )
+    if config.matmul_input_dtype == "bfloat16":
+        raise InvalidParameter(
+            "matmul_input_dtype bfloat16 runs on the cuda device only",
+            param="matmul_input_dtype",
+        )
     threads = set_cpu_threads(config.cpu_threads)
     num_blocks = num_kv_blocks(
         loaded.config,
@@ -127,6 +132,7 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             kv_cache_fraction=config.kv_cache_fraction,
             use_graphs=config.cuda_graphs,
             kv_cache_dtype=config.kv_cache_dtype,
+            matmul_input_dtype=config.matmul_input_dtype,
         )
         if config.cuda_graphs:
             from tqdm import tqdm

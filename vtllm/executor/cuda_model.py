@@ -54,7 +54,8 @@ class DeviceWeight:
         else:
             ops.linear(x, self.data, self.qtype, out, bias=bias, stream=stream)
             return
-        kernel(split_x(x, x_scratch, stream=stream), self.data, out, bias=bias, stream=stream)
+        xp = split_x(x, x_scratch, x_bf16=self.data.x_bf16, stream=stream)
+        kernel(xp, self.data, out, bias=bias, stream=stream)
 
 
 @dataclass(slots=True)
@@ -78,7 +79,10 @@ def _fused(parts: list[Weight], what: str) -> Weight:
     return concat_rows(parts)
 
 
-def upload_weights(weights: ModelWeights, stream) -> tuple[list[DeviceLayer], dict]:
+def upload_weights(weights: ModelWeights, stream, *, x_bf16: bool = False):
+    """-> (layers, {embed, lm_head, final_norm}); x_bf16: packed matrices multiply x rounded to
+    bf16 (linear_mma.PackedBF16)."""
+
     def raw(x: Weight) -> DeviceWeight:
         return DeviceWeight(cuda.to_device(np.ascontiguousarray(x.data), stream=stream), x.qtype)
 
@@ -89,7 +93,7 @@ def upload_weights(weights: ModelWeights, stream) -> tuple[list[DeviceLayer], di
         n, k = x.data.shape
         if x.qtype != QType.BF16 or not packable(n, k):
             return up
-        packed = pack_bf16(up.data, stream=stream)
+        packed = pack_bf16(up.data, x_bf16=x_bf16, stream=stream)
         stream.synchronize()  # the raw copy is freed on return
         return DeviceWeight(packed, x.qtype, packed=True)
 
@@ -134,9 +138,11 @@ class StepInputs:
 
 class CudaForward:
     def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_tokens: int,
-                 max_positions: int, max_decode_rows: int, stream):  # fmt: skip
+                 max_positions: int, max_decode_rows: int, stream,
+                 x_bf16: bool = False):  # fmt: skip
+        """x_bf16: see upload_weights."""
         self.config, self.stream = config, stream
-        self.layers, top = upload_weights(weights, stream)
+        self.layers, top = upload_weights(weights, stream, x_bf16=x_bf16)
         self.embed, self.lm_head, self.final_norm = top["embed"], top["lm_head"], top["final_norm"]
         cos_sin = rope_table(config, weights, max_positions, ops)
         self.cos_sin = cuda.to_device(np.ascontiguousarray(cos_sin, np.float32), stream=stream)

@@ -44,6 +44,10 @@ from vtllm.scheduler.plan import SampledToken, StepPlan, StepResult, TokenLogpro
 
 log = logging.getLogger("vtllm.cuda")
 
+# how x enters the products with bf16 W on the tensor cores: split into two bf16 (about
+# float32's precision) or rounded to one (half the mmas; kernels/cuda/linear_mma.py)
+MATMUL_INPUT_DTYPES = ("float32", "bfloat16")
+
 RING = 4  # staging buffers in rotation: more than the steps that can be in flight
 _FIELDS = (
     "token_slots", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",
@@ -65,11 +69,18 @@ class CudaModelRunner:
     def __init__(self, loaded: LoadedModel, *, block_size: int, max_num_seqs: int,
                  max_model_len: int, max_num_batched_tokens: int, kv_cache_memory: int,
                  kv_cache_fraction: float, use_graphs: bool,
-                 kv_cache_dtype: str = "float32"):  # fmt: skip
+                 kv_cache_dtype: str = "float32",
+                 matmul_input_dtype: str = "float32"):  # fmt: skip
         if kv_cache_dtype not in KV_DTYPES:
             raise InvalidParameter(
                 f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}",
                 param="kv_cache_dtype",
+            )
+        if matmul_input_dtype not in MATMUL_INPUT_DTYPES:
+            raise InvalidParameter(
+                f"matmul_input_dtype must be one of {list(MATMUL_INPUT_DTYPES)}, "
+                f"got {matmul_input_dtype!r}",
+                param="matmul_input_dtype",
             )
         c = self.config = loaded.config
         self.block_size, self.max_model_len = block_size, max_model_len
@@ -79,7 +90,8 @@ class CudaModelRunner:
         self.stream = s = cuda.stream()
         self.model = CudaForward(c, loaded.weights, max_tokens=self.max_tokens,
                                  max_positions=max_model_len + 1,
-                                 max_decode_rows=max_num_seqs, stream=s)  # fmt: skip
+                                 max_decode_rows=max_num_seqs, stream=s,
+                                 x_bf16=matmul_input_dtype == "bfloat16")  # fmt: skip
         # the mirror: [max_num_seqs, max_model_len + 1] int32 on the device
         self.token_ids_dev = cuda.to_device(np.zeros((max_num_seqs, max_model_len + 1), np.int32))
         self.num_tokens_dev = cuda.to_device(np.zeros(max_num_seqs, np.int32))

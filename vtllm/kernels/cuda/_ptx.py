@@ -2,7 +2,8 @@
 
   load_u32x4(a, row, col): the four uint32 a[row, col .. col + 3] in one 128-bit load,
       `ld.global.nc.L1::no_allocate.v4.u32` (read-only data streamed past L1: weights); col
-      must be a multiple of 4 and the row start 16-byte aligned.
+      must be a multiple of 4 and the row start 16-byte aligned. load_u32x2(a, row, col): the
+      two a[row, col], a[row, col + 1] the same way in one 64-bit load; col even.
   mma_bf16(a0..a3, b0, b1, c0..c3): one warp-wide `mma.sync.aligned.m16n8k16.row.col` with
       bf16 inputs and float32 accumulators, D = A @ B + C. Fragments as in the PTX ISA: with
       g = lane // 4 and t = lane % 4, register a0 holds A[g, 2t .. 2t+1], a1 A[g+8, 2t ..],
@@ -38,6 +39,8 @@ if SIMULATOR:
 
     def load_f32x2(a, row, col):
         return a[row, col], a[row, col + 1]
+
+    load_u32x2 = load_f32x2
 
     def copy_async_commit():
         pass
@@ -126,6 +129,17 @@ else:
             ptr = _item_pointer(context, builder, sig, args)
             text = "ld.global.nc.L1::no_allocate.v4.u32 {$0,$1,$2,$3}, [$4];"
             return _asm_tuple(context, builder, sig, text, "=r,=r,=r,=r,l", _I32, [ptr.type], [ptr])
+
+        return sig, codegen
+
+    @intrinsic
+    def load_u32x2(typingctx, a, row, col):
+        sig = types.UniTuple(types.uint32, 2)(a, row, col)
+
+        def codegen(context, builder, sig, args):
+            ptr = _item_pointer(context, builder, sig, args)
+            text = "ld.global.nc.L1::no_allocate.v2.u32 {$0,$1}, [$2];"
+            return _asm_tuple(context, builder, sig, text, "=r,=r,l", _I32, [ptr.type], [ptr])
 
         return sig, codegen
 

@@ -4,7 +4,8 @@ index added in 32 bits: a 64-bit generic pointer converted inside every access c
 integer instructions and registers per access).
 
   shared_u32x4(s, i): s[i .. i + 3] of a uint32 shared array in one 128-bit load
-      (`ld.shared.v4.u32`); i % 4 == 0.
+      (`ld.shared.v4.u32`); i % 4 == 0. shared_u32x2(s, i): s[i], s[i + 1] in one 64-bit load;
+      i % 2 == 0.
   copy_async16_to(s, i, a, row, col): the four uint32 a[row, col .. col + 3] copied to
       s[i .. i + 3] without passing through registers (`cp.async.cg.shared.global`, 16 bytes,
       cached in L2 only); both 16-byte aligned. Completion: _ptx's copy_async_commit and
@@ -21,6 +22,9 @@ if SIMULATOR:
 
     def shared_u32x4(s, i):
         return s[i], s[i + 1], s[i + 2], s[i + 3]
+
+    def shared_u32x2(s, i):
+        return s[i], s[i + 1]
 
     def copy_async16_to(s, i, a, row, col):
         for u in range(4):
@@ -45,19 +49,28 @@ else:
         i = builder.trunc(context.cast(builder, index_value, index_type, types.int64), _I32)
         return builder.add(base, builder.shl(i, ir.Constant(_I32, 2)))
 
-    @intrinsic
-    def shared_u32x4(typingctx, s, i):
-        sig = types.UniTuple(types.uint32, 4)(s, i)
+    def _shared_load(n: int):
+        """The codegen of an n-word vector load (`ld.shared.v<n>.u32`)."""
+        outs = ",".join(f"${k}" for k in range(n))
+        text = f"ld.shared.v{n}.u32 {{{outs}}}, [${n}];"
+        constraints = "=r," * n + "r"
 
         def codegen(context, builder, sig, args):
             addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32])
-            text = "ld.shared.v4.u32 {$0,$1,$2,$3}, [$4];"
-            res = builder.call(ir.InlineAsm(fnty, text, "=r,=r,=r,=r,r", side_effect=True), [addr])
-            parts = [builder.extract_value(res, n) for n in range(4)]
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * n), [_I32])
+            res = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), [addr])
+            parts = [builder.extract_value(res, k) for k in range(n)]
             return context.make_tuple(builder, sig.return_type, parts)
 
-        return sig, codegen
+        return codegen
+
+    @intrinsic
+    def shared_u32x4(typingctx, s, i):
+        return types.UniTuple(types.uint32, 4)(s, i), _shared_load(4)
+
+    @intrinsic
+    def shared_u32x2(typingctx, s, i):
+        return types.UniTuple(types.uint32, 2)(s, i), _shared_load(2)
 
     @intrinsic
     def copy_async16_to(typingctx, s, i, a, row, col):

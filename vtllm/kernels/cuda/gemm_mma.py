@@ -13,14 +13,15 @@ buffers), and the block meets at a barrier once per stage, so the tensor cores a
 the loads are in flight.
 
 Bits: linear_mma's slice v (of S = w.slices) sums the K tiles v, v + S, v + 2 S, .. in order
-(each as c = mma(A, hi, c); c = mma(A, lo, c), from c = +0), then the slices' sums are added
-in slice order, then the bias. This kernel walks the K tiles in that order, residue class after
-residue class, each class into fresh register accumulators p (from +0) that are then folded
-into the running total, kept in shared memory (total = p for the first class, total + p
-after): the same mma on the same fragments and the same float additions, so the same bits for
-every token, whatever M and whichever kernel runs the step. linear_mma's zero tiles padding K
-only add exact zeros: skipped here. (The total lived in registers before, next to p: 254
-registers a thread and no room to load ahead; the tensor pipe was 28% busy.)
+(each as c = mma(A, hi, c); c = mma(A, lo, c), from c = +0; the first only for W packed with
+x_bf16), then the slices' sums are added in slice order, then the bias. This kernel walks the
+K tiles in that order, residue class after residue class, each class into fresh register
+accumulators p (from +0) that are then folded into the running total, kept in shared memory
+(total = p for the first class, total + p after): the same mma on the same fragments and the
+same float additions, so the same bits for every token, whatever M and whichever kernel runs
+the step. linear_mma's zero tiles padding K only add exact zeros: skipped here. (The total
+lived in registers before, next to p: 254 registers a thread and no room to load ahead; the
+tensor pipe was 28% busy.)
 """
 
 import numpy as np
@@ -28,14 +29,20 @@ from numba import cuda, float32, int32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
 from vtllm.kernels.cuda._ptx import copy_async_commit, copy_async_waiter, mma_bf16
-from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x4
+from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x2, shared_u32x4
 from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
-from vtllm.kernels.cuda.linear_mma import TILE_WORDS, PackedBF16, check_split_step
+from vtllm.kernels.cuda.linear_mma import (
+    TILE_WORDS,
+    X_BF16_TILE_WORDS,
+    PackedBF16,
+    check_split_step,
+)
 
 # A warp's sub-tile: WT_M tiles of W (16 rows each) x WT_N groups of 8 tokens, 64 x 32 on the
 # GPU: 16 accumulator quads (64 registers) and 32 mma pairs per 8 fragment loads (4 KB of
 # shared memory per 64 mmas). Warps WARPS_M x WARPS_N: a 128-row x 128-token block, 12 KB of
-# operands per K tile. The simulator runs every thread in Python: small tiles there, same code.
+# operands per K tile (8 KB with x_bf16). The simulator runs every thread in Python: small
+# tiles there, same code.
 if SIMULATOR:
     WT_M, WT_N, WARPS_M, WARPS_N, STAGES = 2, 1, 1, 2, 2
 else:
@@ -43,20 +50,37 @@ else:
 BLOCK_TILES = WT_M * WARPS_M  # tiles of W (16 rows) per block
 BLOCK_GROUPS = WT_N * WARPS_N  # groups of 8 tokens per block
 THREADS = 32 * WARPS_M * WARPS_N
-TILE_SPAN = (BLOCK_TILES + BLOCK_GROUPS) * TILE_WORDS  # one K tile: the A tiles, then x's
-STAGE_WORDS = 2 * TILE_SPAN  # a stage holds two K tiles
 A_FRAGS = 4 * WT_M  # one warp's A fragments of a K tile, per lane
-B_FRAGS = 4 * WT_N  # its x fragments (hi, hi, lo, lo per group)
+B_FRAGS = 4 * WT_N  # its x fragments (hi, hi, lo, lo per group; hi, hi with x_bf16)
 A_BUFFERS, B_BUFFERS = 2 * A_FRAGS, 2 * B_FRAGS  # two of each: this K tile's, the next's
 ACCS = 4 * WT_M * WT_N  # accumulators per thread
-SUMS_AT = STAGES * STAGE_WORDS  # the running totals, after the stages: [ACCS][THREADS]
-SHARED_BYTES = 4 * (SUMS_AT + ACCS * THREADS)  # 160 KB on the GPU: one block per SM
-A_WORDS = BLOCK_TILES * TILE_WORDS
+A_WORDS = BLOCK_TILES * TILE_WORDS  # a K tile's A tiles in shared memory, then its x groups
 A_COPIES = BLOCK_TILES * 32 // THREADS  # 16-byte copies per thread per K tile, of W's tiles
-X_COPIES = BLOCK_GROUPS * 32 // THREADS  # and of x's groups
-COPIES = A_COPIES + X_COPIES
-assert A_COPIES * THREADS == BLOCK_TILES * 32 and X_COPIES * THREADS == BLOCK_GROUPS * 32
+X_COPIES_MAX = -(-BLOCK_GROUPS * 32 // THREADS)  # and at most these of x's groups
+COPIES = A_COPIES + X_COPIES_MAX
+assert A_COPIES * THREADS == BLOCK_TILES * 32 and THREADS % 32 == 0
 assert STAGES >= 2
+
+
+def _layout(x_bf16: bool) -> dict:
+    """Shared memory of a block, in uint32 words, for x split into hi + lo (128-word tiles) or
+    rounded to hi only (x_bf16, 64-word tiles): the STAGES stages of two K tiles each (the A
+    tiles, then the x groups), then the running totals [ACCS][THREADS]."""
+    x_words = X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS
+    tile_span = A_WORDS + BLOCK_GROUPS * x_words
+    sums_at = STAGES * 2 * tile_span
+    x_chunks = BLOCK_GROUPS * x_words // 4  # 16-byte copies of a K tile's x groups
+    return {
+        "x_words": x_words,
+        "tile_span": tile_span,
+        "stage_words": 2 * tile_span,
+        "sums_at": sums_at,
+        "x_chunks": x_chunks,
+        "x_copies": -(-x_chunks // THREADS),
+        "shared_bytes": 4 * (sums_at + ACCS * THREADS),  # GPU: 160 KB, 128 KB with x_bf16
+    }
+
+
 # DeviceWeight.matmul takes this kernel over linear_mma from GEMM_ABOVE tokens, and only when
 # the step has GEMM_MIN_BLOCKS block tiles or more: one block fills an SM and walks all of K,
 # so a small grid leaves SMs idle (8B qkv at M = 64, 48 blocks: 191 us here, 48 us in
@@ -69,37 +93,42 @@ _wait_next = copy_async_waiter(STAGES - 2)  # the oldest stage in flight has lan
 
 
 @cuda.jit(device=True)
-def _copy_tile(ops, at, kt, xp, packed, tid, rows):
+def _copy_tile(ops, at, kt, xp, packed, tid, rows, x_words, x_chunks, x_copies):
     """Copies K tile kt of the block's A tiles and x groups to ops[at ..]: thread tid's
-    16-byte chunks tid, tid + THREADS, .. (chunk c: unit c // 32, lane c % 32), from the rows
-    of packed and xp that rows holds (see the kernel)."""
+    16-byte chunks tid, tid + THREADS, .. (A chunk c: tile c // 32, lane c % 32; x chunk c:
+    group c // (x_words / 4), piece c % (x_words / 4)), from the rows of packed and xp that
+    rows holds (see the kernel)."""
     col = kt * TILE_WORDS + 4 * (tid % 32)
     for u in range(A_COPIES):
         copy_async16_to(ops, at + 4 * (tid + u * THREADS), packed, rows[u], col)
-    for u in range(X_COPIES):
+    xcol = col if x_words == TILE_WORDS else kt * x_words + 4 * (tid % (x_words // 4))
+    for u in range(x_copies):
         c = tid + u * THREADS
-        copy_async16_to(ops, at + A_WORDS + 4 * c, xp, rows[A_COPIES + u], col)
+        if x_chunks % THREADS == 0 or c < x_chunks:  # (a constant test first)
+            copy_async16_to(ops, at + A_WORDS + 4 * c, xp, rows[A_COPIES + u], xcol)
 
 
 @cuda.jit(device=True)
-def _fragments(ops, at, wm, wn, lane, fa, fb, buf):
+def _fragments(ops, at, wm, wn, lane, fa, fb, buf, x_words):
     """This warp's fragments of the K tile at ops[at ..] into register buffer buf (0 or 1)."""
     for i in range(WT_M):
         a0, a1, a2, a3 = shared_u32x4(ops, at + (wm * WT_M + i) * TILE_WORDS + 4 * lane)
         e = buf * A_FRAGS + 4 * i
         fa[e], fa[e + 1], fa[e + 2], fa[e + 3] = a0, a1, a2, a3
     for j in range(WT_N):
-        h0, h1, l0, l1 = shared_u32x4(
-            ops, at + (BLOCK_TILES + wn * WT_N + j) * TILE_WORDS + 4 * lane
-        )
+        x_tile = BLOCK_TILES * (TILE_WORDS // x_words) + wn * WT_N + j  # in x tiles from at
         e = buf * B_FRAGS + 4 * j
-        fb[e], fb[e + 1], fb[e + 2], fb[e + 3] = h0, h1, l0, l1
+        if x_words == TILE_WORDS:
+            h0, h1, l0, l1 = shared_u32x4(ops, at + x_tile * x_words + 4 * lane)
+            fb[e], fb[e + 1], fb[e + 2], fb[e + 3] = h0, h1, l0, l1
+        else:
+            fb[e], fb[e + 1] = shared_u32x2(ops, at + x_tile * x_words + 2 * lane)
 
 
 @cuda.jit(device=True)
-def _mmas(fa, fb, buf, p):
+def _mmas(fa, fb, buf, p, x_bf16):
     """p += the warp's sub-tile of one K tile from register buffer buf: per A tile and x
-    group, c = mma(A, hi, c); c = mma(A, lo, c), as linear_mma."""
+    group, c = mma(A, hi, c); c = mma(A, lo, c), as linear_mma (the first only, x_bf16)."""
     for j in range(WT_N):
         e = buf * B_FRAGS + 4 * j
         h0, h1, l0, l1 = fb[e], fb[e + 1], fb[e + 2], fb[e + 3]
@@ -108,116 +137,132 @@ def _mmas(fa, fb, buf, p):
             a0, a1, a2, a3 = fa[f], fa[f + 1], fa[f + 2], fa[f + 3]
             b = 4 * (i * WT_N + j)
             c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, h0, h1, p[b], p[b + 1], p[b + 2], p[b + 3])
-            c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
+            if not x_bf16:
+                c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
             p[b], p[b + 1], p[b + 2], p[b + 3] = c0, c1, c2, c3
 
 
 @cuda.jit(device=True)
-def _fold(sums, p, tid, first):
+def _fold(sums, p, tid, first, sums_at):
     """A residue class is complete: total = p (first class) or total + p, in linear_mma's
     slice order; p restarts from +0. Each thread owns its totals (no barrier needed)."""
     for e in range(ACCS):
-        at = SUMS_AT + e * THREADS + tid
+        at = sums_at + e * THREADS + tid
         sums[at] = p[e] if first else sums[at] + p[e]
         p[e] = np.float32(0.0)
 
 
-@cuda.jit(cache=True, **_REGISTERS)
-def _gemm_kernel(xp, packed, bias, has_bias, out, residues):
-    M, N = out.shape
-    ktiles = xp.shape[1] // TILE_WORDS  # real K tiles (x has no padding)
-    nstages = (ktiles + 1) // 2
-    last_group = xp.shape[0] - 1
-    last_tile = N // 16 - 1
-    tid = cuda.threadIdx.x
-    lane, warp = tid % 32, tid // 32
-    wm, wn = warp // WARPS_N, warp % WARPS_N
-    nt0 = cuda.blockIdx.y * BLOCK_TILES
-    g0 = cuda.blockIdx.x * BLOCK_GROUPS
-    ops = cuda.shared.array(0, uint32)  # dynamic: the stages, then the totals
-    sums = cuda.shared.array(0, float32)  # the same memory, read as floats past SUMS_AT
-    fa = cuda.local.array(A_BUFFERS, uint32)  # registers: constant indices once unrolled
-    fb = cuda.local.array(B_BUFFERS, uint32)
-    p = cuda.local.array(ACCS, float32)
-    for e in range(ACCS):
-        p[e] = np.float32(0.0)
-    # the rows this thread copies from, the same for every K tile: W's row tile, x's token
-    # group (past W's end or x's, the last one: those results are not written)
-    rows = cuda.local.array(COPIES, int32)
-    for u in range(A_COPIES):
-        rows[u] = imin(nt0 + (tid + u * THREADS) // 32, last_tile)
-    for u in range(X_COPIES):
-        rows[A_COPIES + u] = imin(g0 + (tid + u * THREADS) // 32, last_group)
+def _gemm_kernel(x_bf16):
+    """The kernel for W packed with or without x_bf16 (a constant: the lo mma and its words
+    fold away); its shared-memory layout's sizes are constants of it too."""
+    layout = _layout(x_bf16)
+    x_words, x_chunks, x_copies = layout["x_words"], layout["x_chunks"], layout["x_copies"]
+    tile_span, stage_words, sums_at = layout["tile_span"], layout["stage_words"], layout["sums_at"]
 
-    # Position q of the summation order is K tile kt(q): residue class r = 0, 1, .. (tiles r,
-    # r + residues, ..). Stage s holds positions 2 s and 2 s + 1; copies run STAGES - 1 stages
-    # ahead of the mmas, one commit group per stage, empty or not (wait_group counts them).
-    load_r = load_kt = 0
-    for s in range(STAGES - 1):
-        for t in range(2):
-            if 2 * s + t < ktiles:
-                at = s * STAGE_WORDS + t * TILE_SPAN
-                _copy_tile(ops, at, load_kt, xp, packed, tid, rows)
-                load_kt += residues
-                if load_kt >= ktiles:
-                    load_r += 1
-                    load_kt = load_r
-        copy_async_commit()
-    _wait_next()
-    cuda.syncthreads()
-    _fragments(ops, 0, wm, wn, lane, fa, fb, 0)
+    @cuda.jit(cache=True, **_REGISTERS)
+    def kernel(xp, packed, bias, has_bias, out, residues):
+        M, N = out.shape
+        ktiles = xp.shape[1] // x_words  # real K tiles (x has no padding)
+        nstages = (ktiles + 1) // 2
+        last_group = xp.shape[0] - 1
+        last_tile = N // 16 - 1
+        tid = cuda.threadIdx.x
+        lane, warp = tid % 32, tid // 32
+        wm, wn = warp // WARPS_N, warp % WARPS_N
+        nt0 = cuda.blockIdx.y * BLOCK_TILES
+        g0 = cuda.blockIdx.x * BLOCK_GROUPS
+        ops = cuda.shared.array(0, uint32)  # dynamic: the stages, then the totals
+        sums = cuda.shared.array(0, float32)  # the same memory, read as floats past sums_at
+        fa = cuda.local.array(A_BUFFERS, uint32)  # registers: constant indices once unrolled
+        fb = cuda.local.array(B_BUFFERS, uint32)
+        p = cuda.local.array(ACCS, float32)
+        for e in range(ACCS):
+            p[e] = np.float32(0.0)
+        # the rows this thread copies from, the same for every K tile: W's row tile, x's token
+        # group (past W's end or x's, the last one: those results are not written)
+        rows = cuda.local.array(COPIES, int32)
+        for u in range(A_COPIES):
+            rows[u] = imin(nt0 + (tid + u * THREADS) // 32, last_tile)
+        for u in range(x_copies):
+            unit = (tid + u * THREADS) // (x_words // 4)
+            rows[A_COPIES + u] = imin(g0 + unit, last_group)
 
-    r = kt = 0
-    for s in range(nstages):
-        # refill the slot stage s - 1 used: every warp read it before the last barrier
-        ahead = s + STAGES - 1
-        if ahead < nstages:
+        # Position q of the summation order is K tile kt(q): residue class r = 0, 1, .. (tiles r,
+        # r + residues, ..). Stage s holds positions 2 s and 2 s + 1; copies run STAGES - 1 stages
+        # ahead of the mmas, one commit group per stage, empty or not (wait_group counts them).
+        load_r = load_kt = 0
+        for s in range(STAGES - 1):
             for t in range(2):
-                if 2 * ahead + t < ktiles:
-                    at = (ahead % STAGES) * STAGE_WORDS + t * TILE_SPAN
-                    _copy_tile(ops, at, load_kt, xp, packed, tid, rows)
+                if 2 * s + t < ktiles:
+                    at = s * stage_words + t * tile_span
+                    _copy_tile(ops, at, load_kt, xp, packed, tid, rows, x_words, x_chunks, x_copies)
                     load_kt += residues
                     if load_kt >= ktiles:
                         load_r += 1
                         load_kt = load_r
-        copy_async_commit()
-        here = (s % STAGES) * STAGE_WORDS
-        # first K tile of the stage (buffer 0); the second's fragments load meanwhile
-        _fragments(ops, here + TILE_SPAN, wm, wn, lane, fa, fb, 1)
-        _mmas(fa, fb, 0, p)
-        kt += residues
-        if kt >= ktiles:
-            _fold(sums, p, tid, r == 0)
-            r += 1
-            kt = r
-        # second K tile (buffer 1); the next stage's first tile loads once it has landed
+            copy_async_commit()
         _wait_next()
         cuda.syncthreads()
-        _fragments(ops, ((s + 1) % STAGES) * STAGE_WORDS, wm, wn, lane, fa, fb, 0)
-        if 2 * s + 1 < ktiles:
-            _mmas(fa, fb, 1, p)
+        _fragments(ops, 0, wm, wn, lane, fa, fb, 0, x_words)
+
+        r = kt = 0
+        for s in range(nstages):
+            # refill the slot stage s - 1 used: every warp read it before the last barrier
+            ahead = s + STAGES - 1
+            if ahead < nstages:
+                for t in range(2):
+                    if 2 * ahead + t < ktiles:
+                        at = (ahead % STAGES) * stage_words + t * tile_span
+                        _copy_tile(
+                            ops, at, load_kt, xp, packed, tid, rows, x_words, x_chunks, x_copies
+                        )
+                        load_kt += residues
+                        if load_kt >= ktiles:
+                            load_r += 1
+                            load_kt = load_r
+            copy_async_commit()
+            here = (s % STAGES) * stage_words
+            # first K tile of the stage (buffer 0); the second's fragments load meanwhile
+            _fragments(ops, here + tile_span, wm, wn, lane, fa, fb, 1, x_words)
+            _mmas(fa, fb, 0, p, x_bf16)
             kt += residues
             if kt >= ktiles:
-                _fold(sums, p, tid, r == 0)
+                _fold(sums, p, tid, r == 0, sums_at)
                 r += 1
                 kt = r
-    # linear_mma's idle warps add +0 when there are fewer K tiles than slices (turns -0 to +0)
-    zero_fix = ktiles < residues
+            # second K tile (buffer 1); the next stage's first tile loads once it has landed
+            _wait_next()
+            cuda.syncthreads()
+            _fragments(ops, ((s + 1) % STAGES) * stage_words, wm, wn, lane, fa, fb, 0, x_words)
+            if 2 * s + 1 < ktiles:
+                _mmas(fa, fb, 1, p, x_bf16)
+                kt += residues
+                if kt >= ktiles:
+                    _fold(sums, p, tid, r == 0, sums_at)
+                    r += 1
+                    kt = r
+        # linear_mma's idle warps add +0 when there are fewer K tiles than slices (turns -0 to +0)
+        zero_fix = ktiles < residues
 
-    g, t = lane // 4, lane % 4
-    for i in range(WT_M):
-        row = 16 * (nt0 + wm * WT_M + i) + g
-        for j in range(WT_N):
-            tok = 8 * (g0 + wn * WT_N + j) + 2 * t
-            for e in range(4):  # c0, c1: row g, tokens 2t, 2t + 1; c2, c3: row g + 8
-                rr, tk = row + 8 * (e // 2), tok + e % 2
-                if tk < M and rr < N:
-                    v = sums[SUMS_AT + (4 * (i * WT_N + j) + e) * THREADS + tid]
-                    if zero_fix:
-                        v += np.float32(0.0)
-                    if has_bias:
-                        v += bias[rr]
-                    out[tk, rr] = v
+        g, t = lane // 4, lane % 4
+        for i in range(WT_M):
+            row = 16 * (nt0 + wm * WT_M + i) + g
+            for j in range(WT_N):
+                tok = 8 * (g0 + wn * WT_N + j) + 2 * t
+                for e in range(4):  # c0, c1: row g, tokens 2t, 2t + 1; c2, c3: row g + 8
+                    rr, tk = row + 8 * (e // 2), tok + e % 2
+                    if tk < M and rr < N:
+                        v = sums[sums_at + (4 * (i * WT_N + j) + e) * THREADS + tid]
+                        if zero_fix:
+                            v += np.float32(0.0)
+                        if has_bias:
+                            v += bias[rr]
+                        out[tk, rr] = v
+
+    return kernel
+
+
+_KERNELS = {x_bf16: _gemm_kernel(x_bf16) for x_bf16 in (False, True)}
 
 
 def gemm_pays(m: int, n: int) -> bool:
@@ -236,6 +281,8 @@ def gemm_mma(xp, w: PackedBF16, out, *, bias=None, stream=0) -> None:
     if m == 0:
         return
     args = (xp, w.data, bias, has_bias, out, w.slices)
-    allow_dynamic_shared(_gemm_kernel, args, SHARED_BYTES)
+    kernel = _KERNELS[w.x_bf16]
+    nbytes = _layout(w.x_bf16)["shared_bytes"]
+    allow_dynamic_shared(kernel, args, nbytes)
     grid = (-(-xp.shape[0] // BLOCK_GROUPS), -(-(n // 16) // BLOCK_TILES))
-    _gemm_kernel[grid, THREADS, stream, SHARED_BYTES](*args)
+    kernel[grid, THREADS, stream, nbytes](*args)

@@ -12,7 +12,11 @@ and 8 rows of x (tokens) its B operand, so a decode step of one to eight tokens 
 mma's N side and reads W once. x stays float32: each value is split into two bf16, hi (x
 rounded) and lo (the remainder rounded), and both go through the tensor cores, so the
 activations keep about 17 significant bits (error <= 2^-17 relative) while the weights, bf16
-already, are exact. Decode is bound by reading W, so the second mma is free there.
+already, are exact. Decode is bound by reading W, so the second mma is free there; prefill is
+bound by the tensor cores, so a W packed with x_bf16 skips the lo mma: x rounded to bf16
+(relative error <= 2^-9, the activations torch and llama.cpp feed their 16-bit GEMMs), half
+the mmas, still float32 sums in the same order (same bits across kernels within a mode), and
+x split beforehand (split_x) keeps hi only: half the bytes that prefill moves for x.
 
 Summation order: the K tiles are dealt round-robin to S = warps_for(N, K) slices (slice v:
 tiles v, v + S, v + 2 S, ...); each slice is summed in order into float32 accumulators from
@@ -42,7 +46,7 @@ from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
 from vtllm.kernels.cuda._host import aligned, check, placeholder
-from vtllm.kernels.cuda._ptx import load_f32x2, load_u32x4, mma_bf16, split_bf16x2
+from vtllm.kernels.cuda._ptx import load_f32x2, load_u32x2, load_u32x4, mma_bf16, split_bf16x2
 
 WARPS = 2 if SIMULATOR else 8  # K slices per block
 # A W of at most WIDE_MAX_TILES row tiles, K at least twice N and at least WIDE_WARPS x UNROLL
@@ -58,6 +62,9 @@ GROUPS = 4  # 8-token groups per block (the code below is written out for four)
 TOKENS = 8 * GROUPS
 UNROLL = 4  # tiles of W each warp has in flight (written out below)
 TILE_WORDS = 128  # uint32 words per packed 16x16 tile: 32 lanes x 4 registers
+# x split for W packed with x_bf16 keeps hi only: lane L's two words at 2 L of a 64-word tile
+# (half the bytes to move and to keep; split_x)
+X_BF16_TILE_WORDS = 64
 PACK_THREADS = 256
 # 80 registers a thread (a few bytes spill) fit three blocks on an SM instead of two: at M = 1
 # that took W streaming from 1.9 to 2.7-3.3 TB/s on the H200 (tools/device_bench_linear.py)
@@ -83,11 +90,14 @@ def packed_shape(n: int, k: int) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class PackedBF16:
-    """W [n, k] in fragment order (pack_bf16); data: device uint32 of packed_shape(n, k)."""
+    """W [n, k] in fragment order (pack_bf16); data: device uint32 of packed_shape(n, k).
+    x_bf16: the kernels multiply it by x rounded to bf16 (one mma a product) instead of
+    x split into hi + lo (see the module docstring)."""
 
     data: object
     n: int
     k: int
+    x_bf16: bool = False
 
     @property
     def slices(self) -> int:
@@ -120,26 +130,32 @@ def _pack_kernel(w, packed):
 
 
 @cuda.jit(device=True)
-def _group(x, r, k, a0, a1, a2, a3, c0, c1, c2, c3):
+def _group(x, r, k, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16):
     """One tile of W against 8 tokens (this lane's: row r of x, columns k, k+1, k+8, k+9)."""
     u0, u1 = load_f32x2(x, r, k)
     v0, v1 = load_f32x2(x, r, k + 8)
     h0, l0 = split_bf16x2(u0, u1)
     h1, l1 = split_bf16x2(v0, v1)
     c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, h0, h1, c0, c1, c2, c3)
+    if x_bf16:
+        return c0, c1, c2, c3
     return mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
 
 
 @cuda.jit(device=True)
-def _group_packed(xp, gi, col, a0, a1, a2, a3, c0, c1, c2, c3):
-    """_group with x split beforehand (pack_x): this lane's four words in one load."""
+def _group_packed(xp, gi, col, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16):
+    """_group with x split beforehand (split_x): this lane's four words (two, x_bf16) in one
+    load."""
+    if x_bf16:
+        h0, h1 = load_u32x2(xp, gi, col)
+        return mma_bf16(a0, a1, a2, a3, h0, h1, c0, c1, c2, c3)
     h0, h1, l0, l1 = load_u32x4(xp, gi, col)
     c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, h0, h1, c0, c1, c2, c3)
     return mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
 
 
 @cuda.jit(device=True)
-def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc):
+def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc, x_bf16):
     """acc (16 accumulators: 4 groups x 4) advanced by tile kt of W, whose fragment is a;
     groups past the last token are skipped (block-uniform)."""
     a0, a1, a2, a3 = a
@@ -147,35 +163,39 @@ def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc):
     (c00, c01, c02, c03, c10, c11, c12, c13,
      c20, c21, c22, c23, c30, c31, c32, c33) = acc  # fmt: skip
     if prepacked:  # group g0 is the block's first; columns in tile-fragment order
-        gi, col = g0, kt * TILE_WORDS + 4 * lane
-        c00, c01, c02, c03 = _group_packed(xp, gi, col, a0, a1, a2, a3, c00, c01, c02, c03)
+        xw = X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS
+        gi, col = g0, kt * xw + (xw // 32) * lane
+        c00, c01, c02, c03 = _group_packed(xp, gi, col, a0, a1, a2, a3,
+                                           c00, c01, c02, c03, x_bf16)  # fmt: skip
         if groups > 1:
             c10, c11, c12, c13 = _group_packed(xp, gi + 1, col, a0, a1, a2, a3,
-                                               c10, c11, c12, c13)  # fmt: skip
+                                               c10, c11, c12, c13, x_bf16)  # fmt: skip
         if groups > 2:
             c20, c21, c22, c23 = _group_packed(xp, gi + 2, col, a0, a1, a2, a3,
-                                               c20, c21, c22, c23)  # fmt: skip
+                                               c20, c21, c22, c23, x_bf16)  # fmt: skip
         if groups > 3:
             c30, c31, c32, c33 = _group_packed(xp, gi + 3, col, a0, a1, a2, a3,
-                                               c30, c31, c32, c33)  # fmt: skip
+                                               c30, c31, c32, c33, x_bf16)  # fmt: skip
     else:
         k = kt * 16 + 2 * (lane % 4)
-        c00, c01, c02, c03 = _group(x, r0, k, a0, a1, a2, a3, c00, c01, c02, c03)
+        c00, c01, c02, c03 = _group(x, r0, k, a0, a1, a2, a3, c00, c01, c02, c03, x_bf16)
         if groups > 1:
-            c10, c11, c12, c13 = _group(x, r1, k, a0, a1, a2, a3, c10, c11, c12, c13)
+            c10, c11, c12, c13 = _group(x, r1, k, a0, a1, a2, a3, c10, c11, c12, c13, x_bf16)
         if groups > 2:
-            c20, c21, c22, c23 = _group(x, r2, k, a0, a1, a2, a3, c20, c21, c22, c23)
+            c20, c21, c22, c23 = _group(x, r2, k, a0, a1, a2, a3, c20, c21, c22, c23, x_bf16)
         if groups > 3:
-            c30, c31, c32, c33 = _group(x, r3, k, a0, a1, a2, a3, c30, c31, c32, c33)
+            c30, c31, c32, c33 = _group(x, r3, k, a0, a1, a2, a3, c30, c31, c32, c33, x_bf16)
     return (c00, c01, c02, c03, c10, c11, c12, c13,
             c20, c21, c22, c23, c30, c31, c32, c33)  # fmt: skip
 
 
 @cuda.jit(device=True)
-def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, warps, one_group):
-    """One block's work (module docstring); warps and one_group are constants of the calling
-    kernel, so once inlined the loop strides are too, and with one_group (M <= 8) the other
-    groups' code folds away. partial: shared [PARTIAL_ROWS, 16, 32]."""
+def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, warps, one_group,
+                      x_bf16):  # fmt: skip
+    """One block's work (module docstring); warps, one_group and x_bf16 are constants of the
+    calling kernel, so once inlined the loop strides are too, with one_group (M <= 8) the other
+    groups' code folds away and with x_bf16 the second mma. partial: shared
+    [PARTIAL_ROWS, 16, 32]."""
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
@@ -215,10 +235,14 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
             f1 = load_u32x4(packed, nt, (kt + warps) * TILE_WORDS + base)
             f2 = load_u32x4(packed, nt, (kt + 2 * warps) * TILE_WORDS + base)
             f3 = load_u32x4(packed, nt, (kt + 3 * warps) * TILE_WORDS + base)
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc)
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + warps, last), lane, f1, acc)
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * warps, last), lane, f2, acc)
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * warps, last), lane, f3, acc)
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc,
+                    x_bf16)  # fmt: skip
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + warps, last), lane, f1, acc,
+                    x_bf16)  # fmt: skip
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * warps, last), lane, f2,
+                    acc, x_bf16)  # fmt: skip
+        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * warps, last), lane, f3,
+                    acc, x_bf16)  # fmt: skip
         if one_group:
             f0, f1, f2, f3 = n0, n1, n2, n3
     # The partials are added in warp order, PARTIAL_ROWS warps at a time: the block's 512
@@ -253,28 +277,47 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
                 out[tok, row] = s
 
 
-@cuda.jit(cache=True, **_REGISTERS)
-def _linear_mma_kernel(x, xp, prepacked, packed, bias, has_bias, out):
-    partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
-    _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, WARPS, False)
+def _block_kernel(warps, one_group, x_bf16):
+    """A kernel running _linear_mma_block with these constants (decode kernels, one_group,
+    split x themselves: prepacked is ignored there)."""
+    registers = _WIDE_REGISTERS if warps == WIDE_WARPS else _REGISTERS
+
+    @cuda.jit(cache=True, **registers)
+    def kernel(x, xp, prepacked, packed, bias, has_bias, out):
+        partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
+        _linear_mma_block(x, xp, prepacked and not one_group, packed, bias, has_bias, out,
+                          partial, warps, one_group, x_bf16)  # fmt: skip
+
+    return kernel
 
 
-@cuda.jit(cache=True, **_WIDE_REGISTERS)
-def _linear_mma_wide_kernel(x, xp, prepacked, packed, bias, has_bias, out):
-    partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
-    _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, WIDE_WARPS, False)
+# (wide, one_group, x_bf16) -> kernel; each compiles on its first launch
+_KERNELS = {
+    (wide, one_group, x_bf16): _block_kernel(WIDE_WARPS if wide else WARPS, one_group, x_bf16)
+    for wide in (False, True)
+    for one_group in (False, True)
+    for x_bf16 in (False, True)
+}
 
 
-@cuda.jit(cache=True, **_REGISTERS)
-def _linear_mma_decode_kernel(x, xp, prepacked, packed, bias, has_bias, out):
-    partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
-    _linear_mma_block(x, xp, False, packed, bias, has_bias, out, partial, WARPS, True)
-
-
-@cuda.jit(cache=True, **_WIDE_REGISTERS)
-def _linear_mma_decode_wide_kernel(x, xp, prepacked, packed, bias, has_bias, out):
-    partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
-    _linear_mma_block(x, xp, False, packed, bias, has_bias, out, partial, WIDE_WARPS, True)
+@cuda.jit(cache=True)
+def _round_x_kernel(x, xp):
+    """_pack_x_kernel for W packed with x_bf16: xp[j, 64 kt + 2 L + (0, 1)] = lane L's
+    (hi b0, hi b1), x rounded to bf16."""
+    i = cuda.grid(1)
+    M, K = x.shape
+    ktiles = K // 16
+    if i >= xp.shape[0] * ktiles * 32:
+        return
+    j, rem = i // (ktiles * 32), i % (ktiles * 32)
+    kt, lane = rem // 32, rem % 32
+    r = imin(8 * j + lane // 4, M - 1)
+    k = 16 * kt + 2 * (lane % 4)
+    h0, _ = split_bf16x2(x[r, k], x[r, k + 1])
+    h1, _ = split_bf16x2(x[r, k + 8], x[r, k + 9])
+    col = kt * X_BF16_TILE_WORDS + 2 * lane
+    xp[j, col] = np.uint32(h0)
+    xp[j, col + 1] = np.uint32(h1)
 
 
 @cuda.jit(cache=True)
@@ -304,9 +347,10 @@ def x_scratch_words(m: int, k: int) -> int:
     return -(-m // 8) * 8 * k
 
 
-def pack_bf16(w, *, stream=0) -> PackedBF16:
+def pack_bf16(w, *, x_bf16=False, stream=0) -> PackedBF16:
     """W (bf16 bits, uint16 [N, K], N and K multiples of 16) copied into fragment order, in a
-    new device array (allocates: call at upload, not inside a graph capture)."""
+    new device array (allocates: call at upload, not inside a graph capture); x_bf16: see
+    PackedBF16."""
     check("pack_bf16", "w", w, np.uint16, 2)
     n, k = w.shape
     if not packable(n, k):
@@ -314,22 +358,25 @@ def pack_bf16(w, *, stream=0) -> PackedBF16:
     packed = cuda.device_array(packed_shape(n, k), np.uint32, stream=stream)
     total = packed.shape[0] * packed.shape[1]
     _pack_kernel[-(-total // PACK_THREADS), PACK_THREADS, stream](w, packed)
-    return PackedBF16(packed, n, k)
+    return PackedBF16(packed, n, k, x_bf16)
 
 
-def split_x(x, x_scratch, *, stream=0):
+def split_x(x, x_scratch, *, x_bf16: bool, stream=0):
     """x [M, K] (float32, K a multiple of 16) split into bf16 hi + lo in mma fragment order
     (_pack_x_kernel) in x_scratch (uint32, at least x_scratch_words(M, K), 16-byte aligned);
-    returns the view xp [ceil(M / 8), 8 K] that linear_mma and gemm_mma read."""
+    returns the view xp [ceil(M / 8), 8 K] that linear_mma, linear_rows and gemm_mma read.
+    x_bf16 (for W packed with x_bf16): hi only, xp [ceil(M / 8), 4 K] (_round_x_kernel)."""
     check("split_x", "x", x, np.float32, 2)
     check("split_x", "x_scratch", x_scratch, np.uint32, 1)
     m, k = x.shape
     words = x_scratch_words(m, k)
     if x_scratch.shape[0] < words or not aligned(x_scratch, 16):
         raise ValueError(f"split_x: x_scratch needs {words} words, 16-byte aligned")
-    xp = x_scratch[:words].reshape(words // (8 * k), 8 * k)
+    groups, per_group = words // (8 * k), (4 if x_bf16 else 8) * k
+    xp = x_scratch[: groups * per_group].reshape(groups, per_group)
     threads = xp.shape[0] * (k // 16) * 32
-    _pack_x_kernel[-(-threads // PACK_THREADS), PACK_THREADS, stream](x, xp)
+    kernel = _round_x_kernel if x_bf16 else _pack_x_kernel
+    kernel[-(-threads // PACK_THREADS), PACK_THREADS, stream](x, xp)
     return xp
 
 
@@ -340,7 +387,7 @@ def check_split_step(op: str, xp, w: PackedBF16, out, bias):
     m, n = out.shape
     if n != w.n:
         raise ValueError(f"{op}: out {out.shape} does not fit W [{w.n}, {w.k}]")
-    check(op, "xp", xp, np.uint32, 2, (-(-m // 8), 8 * w.k))
+    check(op, "xp", xp, np.uint32, 2, (-(-m // 8), (4 if w.x_bf16 else 8) * w.k))
     check(op, "packed W", w.data, np.uint32, 2, packed_shape(n, w.k))
     if not aligned(w.data, 16) or not aligned(xp, 16):
         raise ValueError(f"{op}: packed W and xp must start on a 16-byte boundary")
@@ -375,12 +422,10 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, stream=0) ->
     if not has_bias:
         bias = placeholder(np.float32)
     prepacked = x_scratch is not None and m > PREPACK_ABOVE
-    xp = split_x(x, x_scratch, stream=stream) if prepacked else placeholder(np.uint32, 2)
-    grid = (-(-m // TOKENS), n // 16)
-    wide = w.slices != WARPS
-    if m <= 8:  # one token group
-        kernel = _linear_mma_decode_wide_kernel if wide else _linear_mma_decode_kernel
+    if prepacked:
+        xp = split_x(x, x_scratch, x_bf16=w.x_bf16, stream=stream)
     else:
-        kernel = _linear_mma_wide_kernel if wide else _linear_mma_kernel
-    warps = w.slices
-    kernel[grid, warps * 32, stream](x, xp, prepacked, packed, bias, has_bias, out)
+        xp = placeholder(np.uint32, 2)
+    grid = (-(-m // TOKENS), n // 16)
+    kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16]  # m <= 8: one token group
+    kernel[grid, w.slices * 32, stream](x, xp, prepacked, packed, bias, has_bias, out)

@@ -13,7 +13,12 @@ checked against linear_mma) for M > 8. --gemm times the
 prefill kernel gemm_mma (x split included, and alone) against linear_mma and torch on the 8B
 shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's.
 --x-bf16 packs W for x rounded to bf16 (one mma a product; PackedBF16.x_bf16), ours and the
-bit reference alike."""
+bit reference alike. To see what stalls the GEMM (Nsight Compute profiles its first launch,
+the bit check's; kernels made by a factory carry its name, _gemm_kernel, in their mangled
+names), prefix the command with
+    ncu --kernel-name regex:_gemm_kernel --launch-count 1 --section SpeedOfLight
+        --section WarpStateStats --section SchedulerStats --section Occupancy
+and run it with --gemm --x-bf16 --gemm-ms 4096 --shapes '8B qkv'."""
 
 import argparse
 import importlib.util

@@ -72,14 +72,15 @@ def test_same_bits_as_linear_mma(rng, m, x_bf16):
         check_close(ours, rounded_to_bf16(x) if x_bf16 else x, w_bits, bias)
 
 
-def test_device_weight_switches_where_gemm_pays(rng):
+@pytest.mark.parametrize("x_bf16", [False, True])
+def test_device_weight_switches_where_gemm_pays(rng, x_bf16):
     """matmul: linear_mma for steps gemm_pays refuses, gemm_mma for the others; the same bits
     either way, so a token's row does not depend on which kernel its step ran."""
     n, k = SHAPES[0]
     m = GEMM_ABOVE + 8 * BLOCK_GROUPS * GEMM_MIN_BLOCKS  # enough block tiles at any n
     assert gemm_pays(m, n) and not gemm_pays(GEMM_ABOVE - 1, n)
     w_bits = random_weight(rng, QType.BF16, n, k)
-    dw = DeviceWeight(pack_bf16(dev(w_bits)), int(QType.BF16), packed=True)
+    dw = DeviceWeight(pack_bf16(dev(w_bits), x_bf16=x_bf16), int(QType.BF16), packed=True)
     x = rng.standard_normal((m, k)).astype(np.float32)
     scratch = dev(np.zeros(x_scratch_words(*x.shape), np.uint32))
     full = poisoned((m, n))
@@ -88,7 +89,7 @@ def test_device_weight_switches_where_gemm_pays(rng):
     part = poisoned((len(rows), n))
     dw.matmul(dev(x[rows]), part, x_scratch=scratch)
     np.testing.assert_array_equal(host(part), host(full)[rows])
-    check_close(host(full), x, w_bits)
+    check_close(host(full), rounded_to_bf16(x) if x_bf16 else x, w_bits)
 
 
 def test_bad_shapes_are_refused(rng):

@@ -43,10 +43,18 @@ from vtllm.kernels.cuda.linear_mma import (
 # shared memory per 64 mmas). Warps WARPS_M x WARPS_N: a 128-row x 128-token block, 12 KB of
 # operands per K tile (8 KB with x_bf16). The simulator runs every thread in Python: small
 # tiles there, same code.
+# STAGES and _REGISTERS by x_bf16. x split into hi + lo: 4 stages (160 KB of shared memory)
+# and up to 255 registers, one block an SM. x_bf16: 3 stages (112 KB) and 128 registers (4
+# bytes spill), two blocks an SM: 1.15-1.18x faster than one on the 8B shapes (BENCHMARKS.md);
+# the hi + lo layout fits neither in half an SM.
 if SIMULATOR:
-    WT_M, WT_N, WARPS_M, WARPS_N, STAGES = 2, 1, 1, 2, 2
+    WT_M, WT_N, WARPS_M, WARPS_N = 2, 1, 1, 2
+    STAGES = {False: 2, True: 3}
+    _REGISTERS = {False: {}, True: {}}
 else:
-    WT_M, WT_N, WARPS_M, WARPS_N, STAGES = 4, 4, 2, 4, 4
+    WT_M, WT_N, WARPS_M, WARPS_N = 4, 4, 2, 4
+    STAGES = {False: 4, True: 3}
+    _REGISTERS = {False: {"max_registers": 255}, True: {"max_registers": 128}}
 BLOCK_TILES = WT_M * WARPS_M  # tiles of W (16 rows) per block
 BLOCK_GROUPS = WT_N * WARPS_N  # groups of 8 tokens per block
 THREADS = 32 * WARPS_M * WARPS_N
@@ -59,16 +67,16 @@ A_COPIES = BLOCK_TILES * 32 // THREADS  # 16-byte copies per thread per K tile, 
 X_COPIES_MAX = -(-BLOCK_GROUPS * 32 // THREADS)  # and at most these of x's groups
 COPIES = A_COPIES + X_COPIES_MAX
 assert A_COPIES * THREADS == BLOCK_TILES * 32 and THREADS % 32 == 0
-assert STAGES >= 2
+assert min(STAGES.values()) >= 2
 
 
 def _layout(x_bf16: bool) -> dict:
     """Shared memory of a block, in uint32 words, for x split into hi + lo (128-word tiles) or
-    rounded to hi only (x_bf16, 64-word tiles): the STAGES stages of two K tiles each (the A
-    tiles, then the x groups), then the running totals [ACCS][THREADS]."""
+    rounded to hi only (x_bf16, 64-word tiles): the STAGES[x_bf16] stages of two K tiles each
+    (the A tiles, then the x groups), then the running totals [ACCS][THREADS]."""
     x_words = X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS
     tile_span = A_WORDS + BLOCK_GROUPS * x_words
-    sums_at = STAGES * 2 * tile_span
+    sums_at = STAGES[x_bf16] * 2 * tile_span
     x_chunks = BLOCK_GROUPS * x_words // 4  # 16-byte copies of a K tile's x groups
     return {
         "x_words": x_words,
@@ -77,7 +85,7 @@ def _layout(x_bf16: bool) -> dict:
         "sums_at": sums_at,
         "x_chunks": x_chunks,
         "x_copies": -(-x_chunks // THREADS),
-        "shared_bytes": 4 * (sums_at + ACCS * THREADS),  # GPU: 160 KB, 128 KB with x_bf16
+        "shared_bytes": 4 * (sums_at + ACCS * THREADS),  # GPU: 160 KB, 112 KB with x_bf16
     }
 
 
@@ -88,8 +96,8 @@ def _layout(x_bf16: bool) -> dict:
 # (tools/device_bench_linear.py --gemm), this rule picks the faster kernel or one within 3%.
 GEMM_ABOVE = 128
 GEMM_MIN_BLOCKS = 2 if SIMULATOR else 128
-_REGISTERS = {} if SIMULATOR else {"max_registers": 255}
-_wait_next = copy_async_waiter(STAGES - 2)  # the oldest stage in flight has landed
+# the oldest stage in flight has landed, by stage count: at most stages - 2 copy groups pending
+_WAIT_NEXT = {stages: copy_async_waiter(stages - 2) for stages in set(STAGES.values())}
 
 
 @cuda.jit(device=True)
@@ -158,8 +166,9 @@ def _gemm_kernel(x_bf16):
     layout = _layout(x_bf16)
     x_words, x_chunks, x_copies = layout["x_words"], layout["x_chunks"], layout["x_copies"]
     tile_span, stage_words, sums_at = layout["tile_span"], layout["stage_words"], layout["sums_at"]
+    stages, wait_next = STAGES[x_bf16], _WAIT_NEXT[STAGES[x_bf16]]
 
-    @cuda.jit(cache=True, **_REGISTERS)
+    @cuda.jit(cache=True, **_REGISTERS[x_bf16])
     def kernel(xp, packed, bias, has_bias, out, residues):
         M, N = out.shape
         ktiles = xp.shape[1] // x_words  # real K tiles (x has no padding)
@@ -188,10 +197,10 @@ def _gemm_kernel(x_bf16):
             rows[A_COPIES + u] = imin(g0 + unit, last_group)
 
         # Position q of the summation order is K tile kt(q): residue class r = 0, 1, .. (tiles r,
-        # r + residues, ..). Stage s holds positions 2 s and 2 s + 1; copies run STAGES - 1 stages
+        # r + residues, ..). Stage s holds positions 2 s and 2 s + 1; copies run stages - 1 stages
         # ahead of the mmas, one commit group per stage, empty or not (wait_group counts them).
         load_r = load_kt = 0
-        for s in range(STAGES - 1):
+        for s in range(stages - 1):
             for t in range(2):
                 if 2 * s + t < ktiles:
                     at = s * stage_words + t * tile_span
@@ -201,18 +210,18 @@ def _gemm_kernel(x_bf16):
                         load_r += 1
                         load_kt = load_r
             copy_async_commit()
-        _wait_next()
+        wait_next()
         cuda.syncthreads()
         _fragments(ops, 0, wm, wn, lane, fa, fb, 0, x_words)
 
         r = kt = 0
         for s in range(nstages):
             # refill the slot stage s - 1 used: every warp read it before the last barrier
-            ahead = s + STAGES - 1
+            ahead = s + stages - 1
             if ahead < nstages:
                 for t in range(2):
                     if 2 * ahead + t < ktiles:
-                        at = (ahead % STAGES) * stage_words + t * tile_span
+                        at = (ahead % stages) * stage_words + t * tile_span
                         _copy_tile(
                             ops, at, load_kt, xp, packed, tid, rows, x_words, x_chunks, x_copies
                         )
@@ -221,7 +230,7 @@ def _gemm_kernel(x_bf16):
                             load_r += 1
                             load_kt = load_r
             copy_async_commit()
-            here = (s % STAGES) * stage_words
+            here = (s % stages) * stage_words
             # first K tile of the stage (buffer 0); the second's fragments load meanwhile
             _fragments(ops, here + tile_span, wm, wn, lane, fa, fb, 1, x_words)
             _mmas(fa, fb, 0, p, x_bf16)
@@ -231,9 +240,9 @@ def _gemm_kernel(x_bf16):
                 r += 1
                 kt = r
             # second K tile (buffer 1); the next stage's first tile loads once it has landed
-            _wait_next()
+            wait_next()
             cuda.syncthreads()
-            _fragments(ops, ((s + 1) % STAGES) * stage_words, wm, wn, lane, fa, fb, 0, x_words)
+            _fragments(ops, ((s + 1) % stages) * stage_words, wm, wn, lane, fa, fb, 0, x_words)
             if 2 * s + 1 < ktiles:
                 _mmas(fa, fb, 1, p, x_bf16)
                 kt += residues

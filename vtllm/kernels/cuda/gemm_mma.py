@@ -45,7 +45,7 @@ from vtllm.kernels.cuda.linear_mma import (
 # tiles there, same code.
 # STAGES and _REGISTERS by x_bf16. x split into hi + lo: 4 stages (160 KB of shared memory)
 # and up to 255 registers, one block an SM. x_bf16: 3 stages (112 KB) and 128 registers (4
-# bytes spill), two blocks an SM: 1.15-1.18x faster than one on the 8B shapes (BENCHMARKS.md);
+# bytes spill), two blocks an SM: 1.09-1.19x faster than one on the 8B shapes (BENCHMARKS.md);
 # the hi + lo layout fits neither in half an SM.
 if SIMULATOR:
     WT_M, WT_N, WARPS_M, WARPS_N = 2, 1, 1, 2
@@ -93,7 +93,8 @@ def _layout(x_bf16: bool) -> dict:
 # the step has GEMM_MIN_BLOCKS block tiles or more: one block fills an SM and walks all of K,
 # so a small grid leaves SMs idle (8B qkv at M = 64, 48 blocks: 191 us here, 48 us in
 # linear_mma). Measured on the H200 at M = 64 .. 1024 on the 8B and 0.6B shapes
-# (tools/device_bench_linear.py --gemm), this rule picks the faster kernel or one within 3%.
+# (tools/device_bench_linear.py --gemm), this rule picks the faster kernel or one within 3%
+# (measured with x split into hi + lo; x_bf16's two blocks an SM may move the line).
 GEMM_ABOVE = 128
 GEMM_MIN_BLOCKS = 2 if SIMULATOR else 128
 # the oldest stage in flight has landed, by stage count: at most stages - 2 copy groups pending

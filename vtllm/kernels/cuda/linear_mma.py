@@ -301,29 +301,10 @@ _KERNELS = {
 
 
 @cuda.jit(cache=True)
-def _round_x_kernel(x, xp):
-    """_pack_x_kernel for W packed with x_bf16: xp[j, 64 kt + 2 L + (0, 1)] = lane L's
-    (hi b0, hi b1), x rounded to bf16."""
-    i = cuda.grid(1)
-    M, K = x.shape
-    ktiles = K // 16
-    if i >= xp.shape[0] * ktiles * 32:
-        return
-    j, rem = i // (ktiles * 32), i % (ktiles * 32)
-    kt, lane = rem // 32, rem % 32
-    r = imin(8 * j + lane // 4, M - 1)
-    k = 16 * kt + 2 * (lane % 4)
-    h0, _ = split_bf16x2(x[r, k], x[r, k + 1])
-    h1, _ = split_bf16x2(x[r, k + 8], x[r, k + 9])
-    col = kt * X_BF16_TILE_WORDS + 2 * lane
-    xp[j, col] = np.uint32(h0)
-    xp[j, col + 1] = np.uint32(h1)
-
-
-@cuda.jit(cache=True)
 def _pack_x_kernel(x, xp):
     """xp[j, 128 kt + 4 L + (0..3)] = lane L's (hi b0, hi b1, lo b0, lo b1) for group j (tokens
-    8j ..; past M the last token again) and tile kt; one thread per lane and tile."""
+    8j ..; past M the last token again) and tile kt; one thread per lane and tile. For an xp
+    half as wide (x_bf16: hi only), xp[j, 64 kt + 2 L + (0, 1)] = (hi b0, hi b1)."""
     i = cuda.grid(1)
     M, K = x.shape
     ktiles = K // 16
@@ -335,6 +316,11 @@ def _pack_x_kernel(x, xp):
     k = 16 * kt + 2 * (lane % 4)
     h0, l0 = split_bf16x2(x[r, k], x[r, k + 1])
     h1, l1 = split_bf16x2(x[r, k + 8], x[r, k + 9])
+    if xp.shape[1] == 4 * K:  # hi only
+        col = kt * X_BF16_TILE_WORDS + 2 * lane
+        xp[j, col] = np.uint32(h0)
+        xp[j, col + 1] = np.uint32(h1)
+        return
     col = kt * TILE_WORDS + 4 * lane
     xp[j, col] = np.uint32(h0)
     xp[j, col + 1] = np.uint32(h1)
@@ -365,7 +351,7 @@ def split_x(x, x_scratch, *, x_bf16: bool, stream=0):
     """x [M, K] (float32, K a multiple of 16) split into bf16 hi + lo in mma fragment order
     (_pack_x_kernel) in x_scratch (uint32, at least x_scratch_words(M, K), 16-byte aligned);
     returns the view xp [ceil(M / 8), 8 K] that linear_mma, linear_rows and gemm_mma read.
-    x_bf16 (for W packed with x_bf16): hi only, xp [ceil(M / 8), 4 K] (_round_x_kernel)."""
+    x_bf16 (for W packed with x_bf16): hi only, xp [ceil(M / 8), 4 K]."""
     check("split_x", "x", x, np.float32, 2)
     check("split_x", "x_scratch", x_scratch, np.uint32, 1)
     m, k = x.shape
@@ -375,8 +361,7 @@ def split_x(x, x_scratch, *, x_bf16: bool, stream=0):
     groups, per_group = words // (8 * k), (4 if x_bf16 else 8) * k
     xp = x_scratch[: groups * per_group].reshape(groups, per_group)
     threads = xp.shape[0] * (k // 16) * 32
-    kernel = _round_x_kernel if x_bf16 else _pack_x_kernel
-    kernel[-(-threads // PACK_THREADS), PACK_THREADS, stream](x, xp)
+    _pack_x_kernel[-(-threads // PACK_THREADS), PACK_THREADS, stream](x, xp)
     return xp
 
 

@@ -15,8 +15,9 @@ shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are 
 --x-bf16 packs W for x rounded to bf16 (one mma a product; PackedBF16.x_bf16), ours and the
 bit reference alike. To see what stalls the GEMM (Nsight Compute profiles its first launch,
 the bit check's; kernels made by a factory carry its name, _gemm_kernel, in their mangled
-names), prefix the command with
-    ncu --kernel-name regex:_gemm_kernel --launch-count 1 --section SpeedOfLight
+names, while ncu's default matches the plain name, kernel), prefix the command with
+    ncu --kernel-name-base mangled --kernel-name regex:_gemm_kernel --launch-count 1
+        --section SpeedOfLight
         --section WarpStateStats --section SchedulerStats --section Occupancy
 and run it with --gemm --x-bf16 --gemm-ms 4096 --shapes '8B qkv'."""
 

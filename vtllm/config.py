@@ -118,6 +118,13 @@ KNOBS = (
     ),
     Knob("device", "str", "cpu", "where the model runs", choices=("cpu", "cuda")),
     Knob("cuda_graphs", "bool", True, "replay steps as CUDA graphs (off: eager, to debug)"),
+    Knob(
+        "cuda_pdl",
+        "bool",
+        True,
+        "in a replayed step, launch each kernel as the blocks of the one before it exit "
+        "(programmatic dependent launch, sm_90 and later; off: plain graph edges)",
+    ),
     Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),
     Knob("port", "int", 8000, "port the HTTP server binds", 0, 65535),
     Knob("max_body_bytes", "bytes", 4 << 20, "largest request body", 1024, 1 << 30),
@@ -221,6 +228,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     cpu_numerics: str = "exact"
     device: str = "cpu"
     cuda_graphs: bool = True
+    cuda_pdl: bool = True
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 4 << 20

@@ -22,12 +22,15 @@ def tiny(tmp_path_factory):
     return load_model(write_checkpoint(tmp_path_factory.mktemp("law"), "tiny", seed=7))
 
 
-def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "float32"):
-    """kv: the KV cache dtype; the budget holds the same number of blocks at either width."""
+def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "float32",
+         pdl: bool = True):  # fmt: skip
+    """kv: the KV cache dtype; the budget holds the same number of blocks at either width.
+    pdl: the graphs' kernel edges programmatic (VT_CUDA_PDL)."""
     half = kv == "bfloat16"
     config, _ = resolve(
         device=device,
         cuda_graphs=graphs,
+        cuda_pdl=pdl,
         async_depth=depth,
         kv_cache_dtype=kv,
         kv_cache_memory=30 * 2048 // (2 if half else 1),  # as in the CPU law: forces preemptions
@@ -57,10 +60,10 @@ def gpu_sync(tiny, workload):
     return _run(tiny, workload, device="cuda", depth=1, graphs=False)
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_depth2_equals_depth1_on_gpu(tiny, workload, gpu_sync, graphs):
+@pytest.mark.parametrize(("graphs", "pdl"), [(False, False), (True, False), (True, True)])
+def test_depth2_equals_depth1_on_gpu(tiny, workload, gpu_sync, graphs, pdl):
     sync, preempt1 = gpu_sync
-    overlapped, preempt2 = _run(tiny, workload, device="cuda", depth=2, graphs=graphs)
+    overlapped, preempt2 = _run(tiny, workload, device="cuda", depth=2, graphs=graphs, pdl=pdl)
     assert preempt1 + preempt2 > 0, "the KV budget should force preemptions"
     _assert_same(workload, sync, overlapped)
 

@@ -12,6 +12,7 @@ This module stays importable without a GPU (argument parsing, roofline arithmeti
 the device work lives in bench_gpu_ours (numba.cuda) and bench_gpu_peers (torch, llama.cpp).
 """
 
+import argparse
 import json
 import sys
 import time
@@ -55,6 +56,13 @@ def add_arguments(parser) -> None:
         help="activations entering our bf16 matmuls (float32: the default configuration)",
     )
     parser.add_argument(
+        "--pdl",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="our graphs' kernels launch as the one before exits (VT_CUDA_PDL; on: the default "
+        "configuration)",
+    )
+    parser.add_argument(
         "--json",
         nargs="?",
         const="-",
@@ -92,10 +100,11 @@ class Settings:
         if self.context < 16 or self.steps < 2:
             raise InvalidParameter("--context must be >= 16 and --steps >= 2", param="context")
         self.kernels = args.kernels
-        # our runner's precision knobs, passed as they are to LLM and CudaModelRunner
-        self.dtypes = {
+        # our runner's knobs, passed as they are to LLM and CudaModelRunner
+        self.knobs = {
             "kv_cache_dtype": args.kv_cache_dtype,
             "matmul_input_dtype": args.matmul_input_dtype,
+            "cuda_pdl": args.pdl,
         }
         self.json = args.json
 
@@ -315,8 +324,8 @@ def measure_shape(settings, shape: str, ckpt: Path) -> tuple[object, dict]:
     loaded = load_model(ckpt)
     results = {}
     say(f"{shape}: ours, offline API c1")
-    c1 = bench_gpu_ours.offline_c1_ms(loaded, dtypes=settings.dtypes)
-    results["ours"] = {"offline_c1_ms": c1, **settings.dtypes}
+    c1 = bench_gpu_ours.offline_c1_ms(loaded, knobs=settings.knobs)
+    results["ours"] = {"offline_c1_ms": c1, **settings.knobs}
     say(f"{shape}: ours, runner decode at batches {settings.batches} and TTFT {settings.prompts}")
     results["ours"].update(bench_gpu_ours.runner_figures(loaded, settings))
     if "hf" in settings.peers:
@@ -377,9 +386,10 @@ def run_bench_gpu(args) -> int:
         for peer, figures in results.items():
             if isinstance(figures, dict) and "error" in figures:
                 print(f"note: {shape} {peer}: {figures['error']}")
-    d = settings.dtypes
+    d = settings.knobs
+    pdl = "on" if d["cuda_pdl"] else "off"
     print(f"{LEGEND} Our KV cache: {d['kv_cache_dtype']}; matmul inputs: "
-          f"{d['matmul_input_dtype']}.")  # fmt: skip
+          f"{d['matmul_input_dtype']}; programmatic launch: {pdl}.")  # fmt: skip
     print(format_table(report["rows"], settings.peers))
     return 0
 

@@ -22,7 +22,7 @@ BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
 
 
-def offline_c1_ms(loaded, *, dtypes=None, prompt_len=16, decode_len=128,
+def offline_c1_ms(loaded, *, knobs=None, prompt_len=16, decode_len=128,
                   repeats=3) -> float:  # fmt: skip
     """c1 decode ms/token through the offline API (scheduler, depth 2, graphs), as `bench
     latency` measures it: between a request's first and last token, median of repeats."""
@@ -31,7 +31,7 @@ def offline_c1_ms(loaded, *, dtypes=None, prompt_len=16, decode_len=128,
 
     llm = LLM(str(loaded.path), loaded_model=loaded, device="cuda", max_num_seqs=8,
               enable_prefix_caching=False, max_model_len=4096,
-              **(dtypes or {}))  # fmt: skip
+              **(knobs or {}))  # fmt: skip
     try:
         llm.warm_up()
         report = bench_latency(llm, prompt_len, decode_len, repeats)
@@ -46,7 +46,7 @@ class Bench:
     """A runner with max_batch seated requests and the bookkeeping to step them."""
 
     def __init__(self, loaded, *, max_batch: int, context: int, longest_prompt: int,
-                 headroom: int, dtypes: dict):  # fmt: skip
+                 headroom: int, knobs: dict):  # fmt: skip
         from vtllm.executor.cuda_runner import CudaModelRunner
         from vtllm.executor.kv_cache import bytes_per_block
 
@@ -60,7 +60,7 @@ class Bench:
             max_model_len=max(context + headroom, longest_prompt + 1),
             max_num_batched_tokens=self.max_tokens,
             kv_cache_memory=need * bytes_per_block(c, BLOCK), kv_cache_fraction=0.0,
-            use_graphs=True, **dtypes,
+            use_graphs=True, **knobs,
         )  # fmt: skip
         if self.runner.num_blocks < need:  # block ids below are assigned by hand
             raise RuntimeError(f"KV cache holds {self.runner.num_blocks} blocks, need {need}")
@@ -159,7 +159,7 @@ def runner_figures(loaded, settings) -> dict:
     headroom = len(settings.batches) * (settings.steps + 3) + BLOCK
     bench = Bench(loaded, max_batch=max(settings.batches), context=settings.context,
                   longest_prompt=max(settings.prompts), headroom=headroom,
-                  dtypes=settings.dtypes)  # fmt: skip
+                  knobs=settings.knobs)  # fmt: skip
     try:
         bench.prefill_all()
         decode = {str(b): bench.decode(b, settings.steps) for b in sorted(settings.batches)}

@@ -131,6 +131,7 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             kv_cache_memory=config.kv_cache_memory,
             kv_cache_fraction=config.kv_cache_fraction,
             use_graphs=config.cuda_graphs,
+            cuda_pdl=config.cuda_pdl,
             kv_cache_dtype=config.kv_cache_dtype,
             matmul_input_dtype=config.matmul_input_dtype,
         )

@@ -5,6 +5,14 @@ stream in capture mode records every launch made on it into a graph instead of r
 Capture mode is RELAXED so that numba's own bookkeeping calls on other threads stay legal;
 what matters is enforced by the caller: the captured launches were warmed up eagerly first
 (compiled, placeholders made) and allocate nothing.
+
+With `programmatic=True` every kernel -> kernel edge of the captured chain becomes a
+programmatic one (programmatic dependent launch, sm_90): a kernel is launched as the blocks of
+the one before it exit, not after that kernel has completed and its writes are flushed, and it
+waits for that in its first statement (`grid_dependency_sync`, kernels/cuda/_ptx). That trims
+the gap between each two of a decode step's few hundred small kernels (Qwen3-0.6B c1 decode
+1.47 -> 1.42 ms a token). Only kernels that begin with that wait may be captured this way:
+every kernel of kernels/cuda does (a test checks).
 """
 
 import math
@@ -37,10 +45,44 @@ def stream_handle(stream):
     return _driver().CUstream(value)
 
 
-class CudaGraph:
-    """The launches `record()` makes on `stream`, captured once and replayed on that stream."""
+def _make_programmatic(graph) -> int:
+    """Turns graph's kernel -> kernel edges into programmatic ones; returns how many."""
+    driver = _driver()
+    # cuda-python 12 names the variants that take edge data *_v2; in 13 the plain names do
+    get_edges = getattr(driver, "cuGraphGetEdges_v2", driver.cuGraphGetEdges)
+    remove = getattr(driver, "cuGraphRemoveDependencies_v2", driver.cuGraphRemoveDependencies)
+    add = getattr(driver, "cuGraphAddDependencies_v2", driver.cuGraphAddDependencies)
+    # A capture from one stream is a chain: fewer edges than nodes + 1; ask for more if not.
+    size = _ok(driver.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1] + 1
+    while True:
+        sources, targets, data, count = _ok(get_edges(graph, size), "cuGraphGetEdges")
+        if count < size:
+            break
+        size *= 2
+    kernel = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
 
-    def __init__(self, stream, record):
+    def is_kernel(node) -> bool:
+        return _ok(driver.cuGraphNodeGetType(node), "cuGraphNodeGetType") == kernel
+
+    plain = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_DEFAULT
+    listed = zip(sources[:count], targets[:count], data[:count], strict=True)
+    edges = [(a, b, d) for a, b, d in listed if d.type == plain and is_kernel(a) and is_kernel(b)]
+    if not edges:
+        return 0
+    a, b, d = (list(column) for column in zip(*edges, strict=True))
+    _ok(remove(graph, a, b, d, len(edges)), "cuGraphRemoveDependencies")
+    programmatic = driver.CUgraphEdgeData()
+    programmatic.from_port = driver.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+    programmatic.type = driver.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+    _ok(add(graph, a, b, [programmatic] * len(edges), len(edges)), "cuGraphAddDependencies")
+    return len(edges)
+
+
+class CudaGraph:
+    """The launches `record()` makes on `stream`, captured once and replayed on that stream;
+    programmatic: see the module's docstring (num_programmatic says how many edges became so)."""
+
+    def __init__(self, stream, record, *, programmatic: bool = False):
         driver = _driver()
         self.stream = stream
         self._handle = stream_handle(stream)
@@ -51,6 +93,7 @@ class CudaGraph:
         finally:  # end the capture even when recording failed, or the stream stays unusable
             graph = _ok(driver.cuStreamEndCapture(self._handle), "cuStreamEndCapture")
         self._graph = graph
+        self.num_programmatic = _make_programmatic(graph) if programmatic else 0
         self._exec = _ok(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         self.num_nodes = _ok(driver.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1]
 

@@ -37,6 +37,7 @@ from vtllm.executor.step_layout import (
 from vtllm.kernels import cpu as cpu_ops
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda._kv_cache import KV_DTYPES
+from vtllm.kernels.cuda._ptx import GRID_DEPENDENCY
 from vtllm.kernels.cuda.gather import gather_rows
 from vtllm.kernels.sampling_table import TABLE_LAYOUT, SamplingTable
 from vtllm.models.loader import LoadedModel
@@ -70,7 +71,7 @@ class CudaModelRunner:
                  max_model_len: int, max_num_batched_tokens: int, kv_cache_memory: int,
                  kv_cache_fraction: float, use_graphs: bool,
                  kv_cache_dtype: str = "float32",
-                 matmul_input_dtype: str = "float32"):  # fmt: skip
+                 matmul_input_dtype: str = "float32", cuda_pdl: bool = True):  # fmt: skip
         if kv_cache_dtype not in KV_DTYPES:
             raise InvalidParameter(
                 f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}",
@@ -122,6 +123,8 @@ class CudaModelRunner:
         self._ring = 0
         self._views: dict = {}
         self.use_graphs = use_graphs
+        # graphs' kernel edges programmatic (executor/cuda_graphs) where the kernels allow it
+        self.programmatic_graphs = cuda_pdl and GRID_DEPENDENCY
         self.graphs: dict[int, CudaGraph] = {}
         self.buckets = graph_buckets(max_num_seqs, self.max_tokens)
         self.num_blocks = self._allocate_kv(kv_cache_memory, kv_cache_fraction, kv_cache_dtype)
@@ -322,7 +325,8 @@ class CudaModelRunner:
             rows = graph_counts(bucket, self.max_num_seqs)[3]
             self._graph_step(views, rows)
             self.stream.synchronize()
-            graph = CudaGraph(self.stream, lambda: self._graph_step(views, rows))
+            graph = CudaGraph(self.stream, lambda: self._graph_step(views, rows),
+                              programmatic=self.programmatic_graphs)  # fmt: skip
             self.graphs[bucket] = graph
         return graph
 

@@ -21,6 +21,16 @@
       are still in flight (`cp.async.wait_group n`). Other threads see the data only after a
       barrier that follows the wait.
 
+  grid_dependency_sync(): the first statement of every kernel. A kernel replayed in a CUDA
+      graph whose kernel-to-kernel edges are programmatic (executor/cuda_graphs) is launched
+      as the blocks of the kernel before it exit, before that kernel has completed; this
+      waits until it has and its writes are visible (`griddepcontrol.wait`). Outside such a
+      graph it returns at once. No kernel signals its dependents early
+      (`griddepcontrol.launch_dependents`): blocks launched early to wait took SM room from
+      the running kernel, Qwen3-0.6B decode at batch 8 ran 11% slower (BENCHMARKS.md). The
+      instruction needs sm_90: GRID_DEPENDENCY says whether the kernels carry it (not on older
+      GPUs, nor in the simulator), and only then may a graph's edges be programmatic.
+
 numba's simulator has no inline PTX: there the loads are plain indexing and the mma is
 computed in float64 from the whole warp's fragments, exchanged through the block like the
 simulator's warp reductions (so every thread of a block must call it the same number of
@@ -33,6 +43,11 @@ from vtllm.kernels.cuda._device import SIMULATOR
 
 if SIMULATOR:
     from vtllm.kernels.cuda._device import _exchange, _lanes
+
+    GRID_DEPENDENCY = False
+
+    def grid_dependency_sync():
+        pass
 
     def load_u32x4(a, row, col):
         return a[row, col], a[row, col + 1], a[row, col + 2], a[row, col + 3]
@@ -93,10 +108,20 @@ if SIMULATOR:
 
 else:
     from llvmlite import ir
+    from numba import cuda
     from numba.cuda import cgutils, types
     from numba.cuda.extending import intrinsic
 
     _I32, _F32 = ir.IntType(32), ir.FloatType()
+
+    def _sm90_or_later() -> bool:
+        """Whether the GPU runs griddepcontrol; with none visible (an offline compile for the
+        H200, tools/kernel_report.py), assume it does."""
+        if not cuda.is_available():
+            return True
+        return cuda.get_current_device().compute_capability >= (9, 0)
+
+    GRID_DEPENDENCY = _sm90_or_later()
 
     def _item_pointer(context, builder, sig, args):
         """Address of a[row, col] for an intrinsic called as f(a, row, col)."""
@@ -185,6 +210,18 @@ else:
             return sig, codegen
 
         return wait
+
+    @intrinsic
+    def grid_dependency_sync(typingctx):
+        sig = types.void()
+        text = "griddepcontrol.wait;"
+
+        def codegen(context, builder, sig, args):
+            if GRID_DEPENDENCY:
+                _asm_void(builder, text, "", [], [])
+            return context.get_dummy_value()
+
+        return sig, codegen
 
     @intrinsic
     def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):

@@ -10,6 +10,7 @@ from numba import cuda
 
 from vtllm.kernels.cuda._device import SIMULATOR
 from vtllm.kernels.cuda._host import check, grid_blocks
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 THREADS = 32 if SIMULATOR else 256
 MAX_BLOCKS = 4 if SIMULATOR else 4096  # the grid-stride loop covers the rest
@@ -17,6 +18,7 @@ MAX_BLOCKS = 4 if SIMULATOR else 4096  # the grid-stride loop covers the rest
 
 @cuda.jit(cache=True)
 def _silu_and_mul_kernel(x, out):
+    grid_dependency_sync()
     n = out.shape[1]
     total = out.shape[0] * n
     for j in range(cuda.grid(1), total, cuda.gridsize(1)):

@@ -31,6 +31,7 @@ from vtllm.kernels.cuda._device import (
 )
 from vtllm.kernels.cuda._host import check
 from vtllm.kernels.cuda._kv_cache import check_kv, kv_store, kv_value
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 WRITE_THREADS = 32 if SIMULATOR else 128
 MAX_THREADS = 512  # so head_dim <= 512 (78 registers a thread: 1024 threads would not fit an SM)
@@ -38,6 +39,7 @@ MAX_THREADS = 512  # so head_dim <= 512 (78 registers a thread: 1024 threads wou
 
 @cuda.jit(cache=True)
 def _write_kv_kernel(k, v, k_cache, v_cache, slot_mapping):
+    grid_dependency_sync()
     t = cuda.blockIdx.x
     slot = slot_mapping[t]
     bs = k_cache.shape[1]
@@ -71,6 +73,7 @@ def _sequence_of(query_start_loc, t):
 def _paged_attention_kernel(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out
 ):
+    grid_dependency_sync()
     t, h = cuda.blockIdx.x, cuda.blockIdx.y
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
     D = q.shape[2]

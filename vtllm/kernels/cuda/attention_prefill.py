@@ -44,6 +44,7 @@ import numpy as np
 from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fmax, imin, warp_max, warp_sum
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4
 from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
 from vtllm.kernels.cuda.attention import _sequence_of
@@ -174,6 +175,7 @@ def _columns(smem, r0, pieces, pv, ps):
 
 @cuda.jit(cache=True, **_REGISTERS)
 def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out):
+    grid_dependency_sync()
     tile, hk = cuda.gridDim.x - 1 - cuda.blockIdx.x, cuda.blockIdx.y  # heaviest tiles first
     tid = cuda.threadIdx.x
     w, lane = tid // 32, tid % 32

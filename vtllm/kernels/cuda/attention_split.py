@@ -37,6 +37,7 @@ from vtllm.kernels.cuda._device import (
     warp_sum,
 )
 from vtllm.kernels.cuda._kv_cache import kv_value4
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_shared_f32x4
 from vtllm.kernels.cuda.attention import _sequence_of
 
@@ -217,6 +218,7 @@ def _weighted_columns(smem, p_at, d):
 @cuda.jit(cache=True, **_REGISTERS)
 def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                   part_acc, part_ml):  # fmt: skip
+    grid_dependency_sync()
     t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
     tid = cuda.threadIdx.x
     w, lane = tid // 32, tid % 32
@@ -286,6 +288,7 @@ def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
 def _combine_kernel(part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out):
     """Folds a row's split states in split order; eight splits' values are loaded before
     they are folded, so the loads overlap instead of queueing behind each fold."""
+    grid_dependency_sync()
     t, h, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
     if s < 0 or tid >= out.shape[2]:

@@ -9,12 +9,14 @@ from numba import cuda
 
 from vtllm.kernels.cuda._device import SIMULATOR, any_weight
 from vtllm.kernels.cuda._host import check, weight_view
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 THREADS = 32 if SIMULATOR else 256  # threads per row (the simulator runs each as a thread)
 
 
 @cuda.jit(cache=True)
 def _embedding_kernel(token_ids, w, qt, out):
+    grid_dependency_sync()
     t = cuda.blockIdx.x
     tok = token_ids[t]
     if tok < 0 or tok >= w.shape[0]:  # padding (-1) or a bad id: the row is left unwritten

@@ -13,6 +13,7 @@ from numba import cuda
 
 from vtllm.kernels.cuda._device import SIMULATOR
 from vtllm.kernels.cuda._host import check, grid_blocks
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 THREADS = 32 if SIMULATOR else 256
 MAX_BLOCKS = 4 if SIMULATOR else 4096  # grid-stride loops cover the rest
@@ -20,6 +21,7 @@ MAX_BLOCKS = 4 if SIMULATOR else 4096  # grid-stride loops cover the rest
 
 @cuda.jit(cache=True)
 def _gather_tokens_kernel(token_ids, slots, positions, out_ids):
+    grid_dependency_sync()
     for t in range(cuda.grid(1), out_ids.shape[0], cuda.gridsize(1)):
         s, p = slots[t], positions[t]
         ok = 0 <= s < token_ids.shape[0] and 0 <= p < token_ids.shape[1]
@@ -41,6 +43,7 @@ def gather_tokens(token_ids, slots, positions, out_ids, *, stream=0) -> None:
 
 @cuda.jit(cache=True)
 def _gather_rows_kernel(x, rows, out):
+    grid_dependency_sync()
     width = out.shape[1]
     total = out.shape[0] * width
     for j in range(cuda.grid(1), total, cuda.gridsize(1)):

@@ -28,7 +28,12 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
-from vtllm.kernels.cuda._ptx import copy_async_commit, copy_async_waiter, mma_bf16
+from vtllm.kernels.cuda._ptx import (
+    copy_async_commit,
+    copy_async_waiter,
+    grid_dependency_sync,
+    mma_bf16,
+)
 from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x2, shared_u32x4
 from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
 from vtllm.kernels.cuda.linear_mma import (
@@ -171,6 +176,7 @@ def _gemm_kernel(x_bf16):
 
     @cuda.jit(cache=True, **_REGISTERS[x_bf16])
     def kernel(xp, packed, bias, has_bias, out, residues):
+        grid_dependency_sync()
         M, N = out.shape
         ktiles = xp.shape[1] // x_words  # real K tiles (x has no padding)
         nstages = (ktiles + 1) // 2

@@ -37,6 +37,7 @@ from vtllm.kernels.cuda._device import (
     warp_sum4,
 )
 from vtllm.kernels.cuda._host import aligned, check, grid_blocks, placeholder, weight_view
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 WARPS = 2 if SIMULATOR else 4  # rows of W per block, one warp each
 MT = 4  # rows of x per block (fixed by the code: four accumulators)
@@ -89,6 +90,7 @@ def _word(x, x0, x1, x2, x3, one, word, k, qt, a0, a1, a2, a3):
 
 @cuda.jit(cache=True)
 def _linear_vec_kernel(x, w, qt, bias, has_bias, out):
+    grid_dependency_sync()
     M = x.shape[0]
     N = out.shape[1]
     lane = cuda.threadIdx.x % 32
@@ -114,6 +116,7 @@ def _linear_vec_kernel(x, w, qt, bias, has_bias, out):
 
 @cuda.jit(cache=True)
 def _linear_float_kernel(x, w, qt, bias, has_bias, out):
+    grid_dependency_sync()
     M, K = x.shape
     N = out.shape[1]
     lane = cuda.threadIdx.x % 32
@@ -181,6 +184,7 @@ def _q8_word(x, x0, x1, x2, x3, one, word, k, d, a0, a1, a2, a3):
 
 @cuda.jit(cache=True)
 def _linear_quant_kernel(x, w, qt, bias, has_bias, out):
+    grid_dependency_sync()
     M, K = x.shape
     N = out.shape[1]
     lane = cuda.threadIdx.x % 32

@@ -46,7 +46,14 @@ from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
 from vtllm.kernels.cuda._host import aligned, check, placeholder
-from vtllm.kernels.cuda._ptx import load_f32x2, load_u32x2, load_u32x4, mma_bf16, split_bf16x2
+from vtllm.kernels.cuda._ptx import (
+    grid_dependency_sync,
+    load_f32x2,
+    load_u32x2,
+    load_u32x4,
+    mma_bf16,
+    split_bf16x2,
+)
 
 WARPS = 2 if SIMULATOR else 8  # K slices per block
 # A W of at most WIDE_MAX_TILES row tiles, K at least twice N and at least WIDE_WARPS x UNROLL
@@ -114,6 +121,7 @@ def _pack_kernel(w, packed):
     """One packed word per thread: lane L's register reg of tile (nt, kt) holds
     W[16 nt + g + 8 (reg & 1), 16 kt + 2 t + 8 (reg >> 1) + {0, 1}], g = L // 4, t = L % 4;
     tiles past K are zeros."""
+    grid_dependency_sync()
     i = cuda.grid(1)
     per_row = packed.shape[1]
     if i >= packed.shape[0] * per_row:
@@ -284,6 +292,7 @@ def _block_kernel(warps, one_group, x_bf16):
 
     @cuda.jit(cache=True, **registers)
     def kernel(x, xp, prepacked, packed, bias, has_bias, out):
+        grid_dependency_sync()
         partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
         _linear_mma_block(x, xp, prepacked and not one_group, packed, bias, has_bias, out,
                           partial, warps, one_group, x_bf16)  # fmt: skip
@@ -305,6 +314,7 @@ def _pack_x_kernel(x, xp):
     """xp[j, 128 kt + 4 L + (0..3)] = lane L's (hi b0, hi b1, lo b0, lo b1) for group j (tokens
     8j ..; past M the last token again) and tile kt; one thread per lane and tile. For an xp
     half as wide (x_bf16: hi only), xp[j, 64 kt + 2 L + (0, 1)] = (hi b0, hi b1)."""
+    grid_dependency_sync()
     i = cuda.grid(1)
     M, K = x.shape
     ktiles = K // 16

@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
-from vtllm.kernels.cuda._ptx import load_u32x2, load_u32x4, mma_bf16
+from vtllm.kernels.cuda._ptx import grid_dependency_sync, load_u32x2, load_u32x4, mma_bf16
 from vtllm.kernels.cuda.linear_mma import (
     TILE_WORDS,
     TOKENS,
@@ -132,6 +132,7 @@ def _rows_kernel(x_bf16):
 
     @cuda.jit(cache=True, **_REGISTERS)
     def kernel(xp, packed, bias, has_bias, out):
+        grid_dependency_sync()
         fa = cuda.local.array(A_FRAGS, uint32)  # registers: constant indices once unrolled
         fb = cuda.local.array(B_FRAGS, uint32)
         acc = cuda.local.array(ACC, float32)

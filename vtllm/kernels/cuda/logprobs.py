@@ -25,6 +25,7 @@ from vtllm.kernels.cuda._device import (
     imin,
 )
 from vtllm.kernels.cuda._host import check
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 from vtllm.kernels.sampling_table import EXP_CUTOFF, MAX_TOP_LOGPROBS
 
 __all__ = ["LogprobsOut", "prompt_logprobs"]
@@ -110,6 +111,7 @@ def raw_logprobs(logits, r, chosen, n, out_lp, out_rank, out_ids, out_lps, sf, s
 
 @cuda.jit(cache=True)
 def _sample_logprobs_kernel(logits, slots, num_logprobs, out_tokens, lp, rank, ids, lps):
+    grid_dependency_sync()
     b = cuda.blockIdx.x
     sf = cuda.shared.array(MAX_WARPS, float32)
     sd = cuda.shared.array(MAX_WARPS, float64)
@@ -123,6 +125,7 @@ def _sample_logprobs_kernel(logits, slots, num_logprobs, out_tokens, lp, rank, i
 
 @cuda.jit(cache=True)
 def _prompt_logprobs_kernel(logits, next_ids, k, lp, rank, ids, lps):
+    grid_dependency_sync()
     t = cuda.blockIdx.x
     sf = cuda.shared.array(MAX_WARPS, float32)
     sd = cuda.shared.array(MAX_WARPS, float64)

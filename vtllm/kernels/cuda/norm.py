@@ -19,6 +19,7 @@ from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import MAX_WARPS, SIMULATOR, block_sum
 from vtllm.kernels.cuda._host import check
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 THREADS = 32 if SIMULATOR else 256
 PER = 4 if SIMULATOR else 16  # columns a thread holds per chunk: 4,096 per chunk on the GPU
@@ -27,6 +28,7 @@ CHUNK = THREADS * PER
 
 @cuda.jit(cache=True)
 def _rms_norm_kernel(x, weight, eps, out, residual, has_residual):
+    grid_dependency_sync()
     t, tid = cuda.blockIdx.x, cuda.threadIdx.x
     H = x.shape[1]
     scratch = cuda.shared.array(MAX_WARPS, float32)

@@ -15,6 +15,7 @@ from numba import cuda, float32
 from vtllm.kernels.cuda._device import MAX_WARPS, block_sum
 from vtllm.kernels.cuda._host import check
 from vtllm.kernels.cuda._kv_cache import check_kv, kv_store
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 MAX_DIM = 1024
 
@@ -22,6 +23,7 @@ MAX_DIM = 1024
 @cuda.jit(cache=True)
 def _qkv_rope_kernel(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, q_norm,
                      k_norm, eps, has_norm):  # fmt: skip
+    grid_dependency_sync()
     t, j, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     Hq, D = q.shape[1], q.shape[2]
     num_blocks, bs, Hk = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]

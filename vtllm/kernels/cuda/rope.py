@@ -9,6 +9,7 @@ from numba import cuda
 
 from vtllm.kernels.cuda._device import SIMULATOR
 from vtllm.kernels.cuda._host import check
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 __all__ = ["rope_cos_sin", "rotary"]
 
@@ -27,6 +28,7 @@ def _rotate(x, t, h, i, cos_sin, p, half):
 
 @cuda.jit(cache=True)
 def _rotary_kernel(q, k, positions, cos_sin):
+    grid_dependency_sync()
     t = cuda.blockIdx.x
     p = positions[t]
     if p < 0 or p >= cos_sin.shape[0]:  # padding (-1) or a bad position: left as is

@@ -26,6 +26,7 @@ from numba import cuda, float64, int32, int64
 
 from vtllm.kernels.cuda._device import MAX_WARPS, SIMULATOR, block_argmax, block_sum, imin, uniform
 from vtllm.kernels.cuda._host import check
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 from vtllm.kernels.cuda.logprobs import (
     LogprobsOut,
     check_logprobs_out,
@@ -163,6 +164,7 @@ def _draw_filtered(logits, values, adj, b, m, inv_t, u, k, p, mp, sd, si, hh, hl
 def _sample_kernel(logits, slots, positions, temperature, seed, top_k, top_p, min_p, presence,
                    frequency, repetition, min_tokens, prompt_len, num_bias, num_min_stop,
                    token_ids, num_tokens, values, out_tokens):  # fmt: skip
+    grid_dependency_sync()
     b, tid, nt = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
     V = logits.shape[1]
     s, pos = slots[b], positions[b]

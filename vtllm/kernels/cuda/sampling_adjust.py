@@ -13,6 +13,7 @@ import numpy as np
 from numba import cuda
 
 from vtllm.kernels.cuda._device import imin
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 _SEEN = np.int32(1 << 30)  # flag: the token occurs in the history; low bits count the output
 
@@ -36,6 +37,7 @@ def out_start(s, pos, prompt_len):
 def _adjust_kernel(logits, slots, positions, presence, frequency, repetition, min_tokens,
                    prompt_len, bias_ids, bias_values, num_bias, min_stop_ids, num_min_stop,
                    token_ids, values, counts):  # fmt: skip
+    grid_dependency_sync()
     b, tid, nt = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
     V = logits.shape[1]
     s, pos = slots[b], positions[b]

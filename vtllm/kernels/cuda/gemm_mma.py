@@ -49,9 +49,9 @@ from vtllm.kernels.cuda.linear_mma import (
 # operands per K tile (8 KB with x_bf16). The simulator runs every thread in Python: small
 # tiles there, same code.
 # STAGES and _REGISTERS by x_bf16. x split into hi + lo: 4 stages (160 KB of shared memory)
-# and up to 255 registers, one block an SM. x_bf16: 3 stages (112 KB) and 128 registers (4
-# bytes spill), two blocks an SM: 1.09-1.19x faster than one on the 8B shapes (BENCHMARKS.md);
-# the hi + lo layout fits neither in half an SM.
+# and up to 255 registers, one block an SM. x_bf16: 3 stages (112 KB) and 128 registers (12
+# bytes spill, one local load a stage), two blocks an SM: 1.09-1.19x faster than one on the 8B
+# shapes (BENCHMARKS.md); the hi + lo layout fits neither in half an SM.
 if SIMULATOR:
     WT_M, WT_N, WARPS_M, WARPS_N = 2, 1, 1, 2
     STAGES = {False: 2, True: 3}
@@ -222,13 +222,17 @@ def _gemm_kernel(x_bf16):
         _fragments(ops, 0, wm, wn, lane, fa, fb, 0, x_words)
 
         r = kt = 0
+        # stage s's slot, (s % stages) * stage_words, stepped rather than divided (the modulo
+        # by 3 cost ~15 instructions a use)
+        here = 0
         for s in range(nstages):
             # refill the slot stage s - 1 used: every warp read it before the last barrier
+            refill = here - stage_words if here > 0 else (stages - 1) * stage_words
             ahead = s + stages - 1
             if ahead < nstages:
                 for t in range(2):
                     if 2 * ahead + t < ktiles:
-                        at = (ahead % stages) * stage_words + t * tile_span
+                        at = refill + t * tile_span
                         _copy_tile(
                             ops, at, load_kt, xp, packed, tid, rows, x_words, x_chunks, x_copies
                         )
@@ -237,7 +241,6 @@ def _gemm_kernel(x_bf16):
                             load_r += 1
                             load_kt = load_r
             copy_async_commit()
-            here = (s % stages) * stage_words
             # first K tile of the stage (buffer 0); the second's fragments load meanwhile
             _fragments(ops, here + tile_span, wm, wn, lane, fa, fb, 1, x_words)
             _mmas(fa, fb, 0, p, x_bf16)
@@ -249,7 +252,8 @@ def _gemm_kernel(x_bf16):
             # second K tile (buffer 1); the next stage's first tile loads once it has landed
             wait_next()
             cuda.syncthreads()
-            _fragments(ops, ((s + 1) % stages) * stage_words, wm, wn, lane, fa, fb, 0, x_words)
+            here = here + stage_words if here + stage_words < stages * stage_words else 0
+            _fragments(ops, here, wm, wn, lane, fa, fb, 0, x_words)
             if 2 * s + 1 < ktiles:
                 _mmas(fa, fb, 1, p, x_bf16)
                 kt += residues

@@ -7,13 +7,13 @@ KERNELS = Path(__file__).resolve().parents[1] / "vtllm" / "kernels" / "cuda"
 
 
 def _is_kernel(fn: ast.FunctionDef) -> bool:
-    """Decorated @cuda.jit(...) without device=True: launched from the host."""
-    return any(
-        isinstance(d, ast.Call)
-        and ast.unparse(d.func) == "cuda.jit"
-        and not any(k.arg == "device" for k in d.keywords)
-        for d in fn.decorator_list
-    )
+    """Decorated @cuda.jit or @cuda.jit(...) without device=True: launched from the host."""
+    for d in fn.decorator_list:
+        if ast.unparse(d) == "cuda.jit":
+            return True
+        if isinstance(d, ast.Call) and ast.unparse(d.func) == "cuda.jit":
+            return not any(k.arg == "device" for k in d.keywords)
+    return False
 
 
 def _kernels():

@@ -146,38 +146,29 @@ else:
         parts = [builder.extract_value(res, i) for i in range(n)]
         return context.make_tuple(builder, sig.return_type, parts)
 
-    @intrinsic
-    def load_u32x4(typingctx, a, row, col):
-        sig = types.UniTuple(types.uint32, 4)(a, row, col)
+    def _global_load(instruction: str, n: int, of, llvm_type, register: str):
+        """An intrinsic f(a, row, col) -> the n values of numba type `of` at a[row, col ..]
+        in one vector load, `instruction {$0, ..}, [$n];` (register: their constraint letter)."""
+        outs = ",".join(f"${i}" for i in range(n))
+        text = f"{instruction} {{{outs}}}, [${n}];"
+        constraints = ",".join([f"={register}"] * n + ["l"])
 
-        def codegen(context, builder, sig, args):
-            ptr = _item_pointer(context, builder, sig, args)
-            text = "ld.global.nc.L1::no_allocate.v4.u32 {$0,$1,$2,$3}, [$4];"
-            return _asm_tuple(context, builder, sig, text, "=r,=r,=r,=r,l", _I32, [ptr.type], [ptr])
+        @intrinsic
+        def load(typingctx, a, row, col):
+            sig = types.UniTuple(of, n)(a, row, col)
 
-        return sig, codegen
+            def codegen(context, builder, sig, args):
+                ptr = _item_pointer(context, builder, sig, args)
+                return _asm_tuple(context, builder, sig, text, constraints, llvm_type,
+                                  [ptr.type], [ptr])  # fmt: skip
 
-    @intrinsic
-    def load_u32x2(typingctx, a, row, col):
-        sig = types.UniTuple(types.uint32, 2)(a, row, col)
+            return sig, codegen
 
-        def codegen(context, builder, sig, args):
-            ptr = _item_pointer(context, builder, sig, args)
-            text = "ld.global.nc.L1::no_allocate.v2.u32 {$0,$1}, [$2];"
-            return _asm_tuple(context, builder, sig, text, "=r,=r,l", _I32, [ptr.type], [ptr])
+        return load
 
-        return sig, codegen
-
-    @intrinsic
-    def load_f32x2(typingctx, a, row, col):
-        sig = types.UniTuple(types.float32, 2)(a, row, col)
-
-        def codegen(context, builder, sig, args):
-            ptr = _item_pointer(context, builder, sig, args)
-            text = "ld.global.v2.f32 {$0,$1}, [$2];"
-            return _asm_tuple(context, builder, sig, text, "=f,=f,l", _F32, [ptr.type], [ptr])
-
-        return sig, codegen
+    load_u32x4 = _global_load("ld.global.nc.L1::no_allocate.v4.u32", 4, types.uint32, _I32, "r")
+    load_u32x2 = _global_load("ld.global.nc.L1::no_allocate.v2.u32", 2, types.uint32, _I32, "r")
+    load_f32x2 = _global_load("ld.global.v2.f32", 2, types.float32, _F32, "f")
 
     def _asm_void(builder, text, constraints, in_types, values):
         """Inline PTX with no result, kept in place (side effects) and ordered against memory."""
@@ -186,42 +177,28 @@ else:
                            side_effect=True)  # fmt: skip
         builder.call(asm, values)
 
-    @intrinsic
-    def copy_async_commit(typingctx):
-        sig = types.void()
-
-        def codegen(context, builder, sig, args):
-            _asm_void(builder, "cp.async.commit_group;", "", [], [])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    def copy_async_waiter(n: int):
-        text = f"cp.async.wait_group {int(n)};"
+    def _statement(text: str | None):
+        """An intrinsic f() running the PTX statement text (None: nothing at all)."""
 
         @intrinsic
-        def wait(typingctx):
+        def statement(typingctx):
             sig = types.void()
 
             def codegen(context, builder, sig, args):
-                _asm_void(builder, text, "", [], [])
+                if text is not None:
+                    _asm_void(builder, text, "", [], [])
                 return context.get_dummy_value()
 
             return sig, codegen
 
-        return wait
+        return statement
 
-    @intrinsic
-    def grid_dependency_sync(typingctx):
-        sig = types.void()
-        text = "griddepcontrol.wait;"
+    copy_async_commit = _statement("cp.async.commit_group;")
 
-        def codegen(context, builder, sig, args):
-            if GRID_DEPENDENCY:
-                _asm_void(builder, text, "", [], [])
-            return context.get_dummy_value()
+    def copy_async_waiter(n: int):
+        return _statement(f"cp.async.wait_group {int(n)};")
 
-        return sig, codegen
+    grid_dependency_sync = _statement("griddepcontrol.wait;" if GRID_DEPENDENCY else None)
 
     @intrinsic
     def mma_bf16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):

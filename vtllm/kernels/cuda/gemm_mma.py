@@ -166,6 +166,18 @@ def _fold(sums, p, tid, first, sums_at):
         p[e] = np.float32(0.0)
 
 
+@cuda.jit(device=True)
+def _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at):
+    """After K tile kt of residue class r went into p: the next position's (kt, r), folding p
+    into the totals when the class is complete."""
+    kt += residues
+    if kt >= ktiles:
+        _fold(sums, p, tid, r == 0, sums_at)
+        r += 1
+        kt = r
+    return kt, r
+
+
 def _gemm_kernel(x_bf16):
     """The kernel for W packed with or without x_bf16 (a constant: the lo mma and its words
     fold away); its shared-memory layout's sizes are constants of it too."""
@@ -244,11 +256,7 @@ def _gemm_kernel(x_bf16):
             # first K tile of the stage (buffer 0); the second's fragments load meanwhile
             _fragments(ops, here + tile_span, wm, wn, lane, fa, fb, 1, x_words)
             _mmas(fa, fb, 0, p, x_bf16)
-            kt += residues
-            if kt >= ktiles:
-                _fold(sums, p, tid, r == 0, sums_at)
-                r += 1
-                kt = r
+            kt, r = _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at)
             # second K tile (buffer 1); the next stage's first tile loads once it has landed
             wait_next()
             cuda.syncthreads()
@@ -256,11 +264,7 @@ def _gemm_kernel(x_bf16):
             _fragments(ops, here, wm, wn, lane, fa, fb, 0, x_words)
             if 2 * s + 1 < ktiles:
                 _mmas(fa, fb, 1, p, x_bf16)
-                kt += residues
-                if kt >= ktiles:
-                    _fold(sums, p, tid, r == 0, sums_at)
-                    r += 1
-                    kt = r
+                kt, r = _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at)
         # linear_mma's idle warps add +0 when there are fewer K tiles than slices (turns -0 to +0)
         zero_fix = ktiles < residues
 

@@ -15,10 +15,14 @@ and ptxas on PATH (the CUDA toolkit's, /usr/local/cuda/bin). Then, from the repo
 prints ptxas's resource line (registers, stack frame, spill bytes, shared memory) and, with
 --sass, writes the disassembly (count LDS / HMMA / CALL in it: a CALL in an inner loop is
 usually a 64-bit integer division). The register cap must be the kernel's own max_registers.
+--mma-loop counts the instructions of the tensor-core main loop (the backward branch whose
+body holds HMMA) on its common path: without the basic blocks that store to shared memory or
+reset 16+ registers at once (gemm_mma's residue-class fold, once per class).
 """
 
 import argparse
 import importlib.util
+import re
 import subprocess
 import sys
 import tempfile
@@ -36,6 +40,41 @@ class _H200:
 dispatcher.get_current_device = lambda: _H200()
 
 
+def _opcode(text: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+
+
+def mma_loop(sass: str) -> str:
+    """The main loop's common path, as the module docstring says."""
+    ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
+    at = {a: k for k, (a, _) in enumerate(ins)}
+    branch = re.compile(r"BRA .*?0x([0-9a-f]+)")
+    targets = {int(m.group(1), 16) for _, t in ins if (m := branch.search(t))}
+    loop = None
+    for k, (a, t) in enumerate(ins):
+        m = branch.search(t)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in at:
+            body = ins[at[int(m.group(1), 16)] : k + 1]
+            if any("HMMA" in x for _, x in body):
+                loop = body
+    if loop is None:
+        return "no loop with HMMA"
+    blocks, block = [], []
+    for a, t in loop:
+        if a in targets and block:
+            blocks.append(block)
+            block = []
+        block.append(_opcode(t))
+        if block[-1] == "BRA":
+            blocks.append(block)
+            block = []
+    blocks += [block] if block else []
+    common = [b for b in blocks if "STS" not in b and b.count("CS2R") < 16 and b.count("IMAD") < 48]
+    ops = [op for b in common for op in b]
+    return (f"mma loop: {len(loop)} instructions; common path {len(ops)}, "
+            f"{ops.count('HMMA')} HMMA, {ops.count('LDL') + ops.count('STL')} local")  # fmt: skip
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("module", help="path of the kernel's module")
@@ -44,6 +83,7 @@ def main():
     p.add_argument("signature", help="numba signature of its arguments")
     p.add_argument("--max-registers", type=int)
     p.add_argument("--sass", help="write the disassembly here")
+    p.add_argument("--mma-loop", action="store_true", help="count the main loop's instructions")
     args = p.parse_args()
     spec = importlib.util.spec_from_file_location("kernel_module", args.module)
     module = importlib.util.module_from_spec(spec)
@@ -64,11 +104,14 @@ def main():
         )
         if done.returncode:
             sys.exit(done.stderr)
-        if args.sass:
+        if args.sass or args.mma_loop:
             sass = subprocess.run(["cuobjdump", "-sass", f"{tmp}/k.cubin"], capture_output=True,
                                   text=True, check=True).stdout  # fmt: skip
+        if args.sass:
             with open(args.sass, "w") as f:
                 f.write(sass)
+        if args.mma_loop:
+            print(mma_loop(sass))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ Per row, one block, writing the token into out_tokens and the device mirror (tok
 position], num_tokens[slot]) so sampled ids never leave the device until the host wants them:
   1. sampling_adjust: logit bias, min_tokens stop masks, repetition / frequency / presence
      penalties from the mirror history, in float64, for the rows that ask (into scratch);
-  2. greedy (temperature < GREEDY_EPS): argmax, ties to the lowest id;
+  2. greedy (temperature < GREEDY_EPS): argmax, ties to the lowest id. The row's max and its
+     lowest id come from PARTS blocks a row (`_argmax_parts_kernel`, one slice of the
+     vocabulary each, into scratch), which the row's block then reduces: one block reading a
+     152k-token row alone took ~30 us a step on the H200, the slices in parallel a few;
   3. else e_i = exp((w_i - max) / T) in float64 (0 at or below EXP_CUTOFF) and the CPU's
      uniform u = splitmix64(seed, position). With no filter: the first id, in vocabulary
      order, whose running sum of e exceeds u * sum(e) (each thread sums a contiguous chunk;
@@ -42,6 +45,8 @@ __all__ = ["SamplerScratch", "device_table", "sample"]
 # ptxas for sm_90 gives the sample kernel 79 registers and 23 KB of shared memory: 512 threads
 # fit an SM (1024 would need 80K registers of its 64K)
 THREADS = 32 if SIMULATOR else 512
+PARTS = 4 if SIMULATOR else 64  # slices of a row's argmax, a block each (at most THREADS)
+PART_THREADS = 32 if SIMULATOR else 256
 
 
 class SamplerScratch(NamedTuple):
@@ -49,11 +54,18 @@ class SamplerScratch(NamedTuple):
 
     values: object  # [rows, V] float64: adjusted logits, then e for filtered rows
     counts: object  # [rows, V] int32: all zeros between calls (the kernels leave them so)
+    part_max: object  # [rows, PARTS] float64: each slice's max of the row
+    part_id: object  # [rows, PARTS] int32: and its lowest id (V where none is above -inf)
 
     @classmethod
     def create(cls, rows: int, vocab: int, *, stream=0) -> "SamplerScratch":
         counts = cuda.to_device(np.zeros((rows, vocab), np.int32), stream=stream)
-        return cls(cuda.device_array((rows, vocab), np.float64, stream=stream), counts)
+        return cls(
+            cuda.device_array((rows, vocab), np.float64, stream=stream),
+            counts,
+            cuda.device_array((rows, PARTS), np.float64, stream=stream),
+            cuda.device_array((rows, PARTS), np.int32, stream=stream),
+        )
 
 
 @cuda.jit(device=True)
@@ -72,23 +84,56 @@ def _better(x, i, best, bi):
 
 
 @cuda.jit(device=True)
-def _thread_argmax(w, b, tid, nt, V):
-    """Max of row b of w over ids tid, tid + nt, ... (as float64) and its lowest id (V if
-    none is above -inf). One block reads the whole row, so the scan waits on memory: four
-    loads in flight per trip instead of one."""
+def _thread_argmax(w, b, i, nt, end, V):
+    """Max of row b of w over ids i, i + nt, ... below end (as float64) and its lowest id (V
+    if none is above -inf). The scan waits on memory: four loads in flight per trip instead
+    of one."""
     best, bi = -np.inf, np.int32(V)
-    i = tid
-    while i + 3 * nt < V:
+    while i + 3 * nt < end:
         x0, x1, x2, x3 = w[b, i], w[b, i + nt], w[b, i + 2 * nt], w[b, i + 3 * nt]
         best, bi = _better(x0, i, best, bi)
         best, bi = _better(x1, i + nt, best, bi)
         best, bi = _better(x2, i + 2 * nt, best, bi)
         best, bi = _better(x3, i + 3 * nt, best, bi)
         i += 4 * nt
-    while i < V:
+    while i < end:
         best, bi = _better(w[b, i], i, best, bi)
         i += nt
     return best, bi
+
+
+@cuda.jit(device=True)
+def _skipped(slots, positions, token_ids, b):
+    """Whether row b is padding (slot -1) or out of range: no token is drawn for it."""
+    s, pos = slots[b], positions[b]
+    return s < 0 or s >= token_ids.shape[0] or pos < 0 or pos >= token_ids.shape[1]
+
+
+@cuda.jit(cache=True)
+def _argmax_parts_kernel(logits, slots, positions, presence, frequency, repetition, min_tokens,
+                         prompt_len, num_bias, num_min_stop, token_ids, values, part_max,
+                         part_id):  # fmt: skip
+    """Block (b, p): the max of slice p of row b (the adjusted row where it is adjusted) and
+    its lowest id, into part_max / part_id[b, p]."""
+    grid_dependency_sync()
+    b, p, tid, nt = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x, cuda.blockDim.x
+    if _skipped(slots, positions, token_ids, b):
+        return
+    sd = cuda.shared.array(MAX_WARPS, float64)
+    si = cuda.shared.array(MAX_WARPS, int32)
+    V = logits.shape[1]
+    width = (V + cuda.gridDim.y - 1) // cuda.gridDim.y
+    lo, hi = p * width, imin(V, p * width + width)
+    s, pos = slots[b], positions[b]
+    if adjusted(s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias,
+                num_min_stop):  # fmt: skip
+        best, bi = _thread_argmax(values, b, lo + tid, nt, hi, V)
+    else:
+        best, bi = _thread_argmax(logits, b, lo + tid, nt, hi, V)
+    best, bi = block_argmax(best, bi, sd, si)
+    if tid == 0:
+        part_max[b, p] = best
+        part_id[b, p] = bi
 
 
 @cuda.jit(device=True)
@@ -163,12 +208,12 @@ def _draw_filtered(logits, values, adj, b, m, inv_t, u, k, p, mp, sd, si, hh, hl
 @cuda.jit(cache=True)
 def _sample_kernel(logits, slots, positions, temperature, seed, top_k, top_p, min_p, presence,
                    frequency, repetition, min_tokens, prompt_len, num_bias, num_min_stop,
-                   token_ids, num_tokens, values, out_tokens):  # fmt: skip
+                   token_ids, num_tokens, values, part_max, part_id, out_tokens):  # fmt: skip
     grid_dependency_sync()
     b, tid, nt = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
     V = logits.shape[1]
     s, pos = slots[b], positions[b]
-    if s < 0 or s >= token_ids.shape[0] or pos < 0 or pos >= token_ids.shape[1]:
+    if _skipped(slots, positions, token_ids, b):
         if tid == 0:  # padding (slot -1), or out of range: token -1, mirror untouched
             out_tokens[b] = -1
         return
@@ -182,10 +227,11 @@ def _sample_kernel(logits, slots, positions, temperature, seed, top_k, top_p, mi
     rf = cuda.shared.array(4, float64)
     adj = adjusted(s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias,
                    num_min_stop)  # fmt: skip
-    if adj:
-        best, bi = _thread_argmax(values, b, tid, nt, V)
-    else:
-        best, bi = _thread_argmax(logits, b, tid, nt, V)
+    best, bi = -np.inf, np.int32(V)  # the slices' maxima (max and lowest id: any order)
+    for p in range(tid, part_max.shape[1], nt):
+        x, i = part_max[b, p], part_id[b, p]
+        if x > best or (x == best and i < bi):
+            best, bi = x, i
     best, bi = block_argmax(best, bi, sd, si)
     t = np.float64(temperature[s])
     tok = np.int64(0)  # no finite logit: 0, as the CPU
@@ -258,6 +304,8 @@ def sample(logits, slots, positions, table: SamplingTable, token_ids, num_tokens
         rows = scratch.values.shape[0]
         check("sample", "scratch.values", scratch.values, np.float64, 2, (rows, V))
         check("sample", "scratch.counts", scratch.counts, np.int32, 2, (rows, V))
+        check("sample", "scratch.part_max", scratch.part_max, np.float64, 2, (rows, PARTS))
+        check("sample", "scratch.part_id", scratch.part_id, np.int32, 2, (rows, PARTS))
         if rows < B:
             raise ValueError(f"sample: scratch has {rows} rows, the batch {B}")
     if B == 0:
@@ -267,11 +315,16 @@ def sample(logits, slots, positions, table: SamplingTable, token_ids, num_tokens
     if scratch is None:
         scratch = _default_scratch(B, V)
     launch_adjust(logits, slots, positions, table, token_ids, scratch, THREADS, stream)
+    _argmax_parts_kernel[(B, PARTS), PART_THREADS, stream](
+        logits, slots, positions, table.presence_penalty, table.frequency_penalty,
+        table.repetition_penalty, table.min_tokens, table.prompt_len, table.num_bias,
+        table.num_min_stop_ids, token_ids, scratch.values, scratch.part_max, scratch.part_id,
+    )  # fmt: skip
     _sample_kernel[B, THREADS, stream](
         logits, slots, positions, table.temperature, table.seed, table.top_k, table.top_p,
         table.min_p, table.presence_penalty, table.frequency_penalty, table.repetition_penalty,
         table.min_tokens, table.prompt_len, table.num_bias, table.num_min_stop_ids, token_ids,
-        num_tokens, scratch.values, out_tokens,
+        num_tokens, scratch.values, scratch.part_max, scratch.part_id, out_tokens,
     )  # fmt: skip
     if out_logprobs is not None:
         launch_sample_logprobs(logits, slots, table.num_logprobs, out_tokens, out_logprobs,

@@ -18,6 +18,7 @@ from numba import cuda
 from vtllm.executor.cuda_graphs import CudaGraph
 from vtllm.executor.cuda_runner import CudaModelRunner
 from vtllm.kernels import cuda as ops
+from vtllm.kernels.cuda.linear_mma import PREPACK_ABOVE, linear_mma
 from vtllm.kernels.cuda.qkv_rope import qkv_rope
 from vtllm.models.loader import load_model
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan
@@ -143,18 +144,27 @@ def op_rows(runner, T, R, views):
     x.copy_to_device(rng.standard_normal(x.shape).astype(np.float32))
     n = c.num_layers
     inp = runner._inputs(views)
+    fused = lay.gate_up.packed and B <= PREPACK_ABOVE
     rows = [
         ("rms_norm (+residual)", 2 * n, lambda: ops.rms_norm(h, lay.ffn_norm, 1e-6, x, residual=m.residual[:B], stream=s)),
         ("linear qkv", n, lambda: lay.qkv.matmul(x, qkv, x_scratch=m.x_scratch, stream=s)),
         ("linear o", n, lambda: lay.o.matmul(m.attn[:B].reshape(B, c.q_size), h, x_scratch=m.x_scratch, stream=s)),
-        ("linear gate_up", n, lambda: lay.gate_up.matmul(x, m.gate_up[:B], x_scratch=m.x_scratch, stream=s)),
+        ("linear gate_up", 0 if fused else n, lambda: lay.gate_up.matmul(x, m.gate_up[:B], x_scratch=m.x_scratch, stream=s)),
         ("linear down", n, lambda: lay.down.matmul(m.act[:B], h, x_scratch=m.x_scratch, stream=s)),
-        ("silu_and_mul", n, lambda: ops.silu_and_mul(m.gate_up[:B], m.act[:B], stream=s)),
+        ("silu_and_mul", 0 if fused else n, lambda: ops.silu_and_mul(m.gate_up[:B], m.act[:B], tile=8 if lay.gate_up.packed else 0, stream=s)),
         ("qkv_rope (+q/k norm)", n, lambda: qkv_rope(qkv, m.q[:B], m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)),
         ("paged_attention", n, lambda: ops.paged_attention(m.q[:B], m.kv_k[0], m.kv_v[0], inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], scratch=m.attn_scratch, stream=s)),
         ("lm_head", 1, lambda: m.lm_head.matmul(m.final[:R], m.logits[:R], x_scratch=m.x_scratch, stream=s)),
         ("sample (greedy)", 1, lambda: runner._sample(m.logits[:R], views, R)),
     ]  # fmt: skip
+    if fused:  # what decode steps run instead of the two rows above (counted x 0 then)
+        rows.append(
+            (
+                "gate_up + SwiGLU epilogue",
+                n,
+                lambda: linear_mma(x, lay.gate_up.data, m.act[:B], swiglu=True, stream=s),
+            )
+        )
     total = 0.0
     print(f"{'op':24s} {'us each':>9s} {'per step':>9s} {'x':>4s}")
     for name, count, fn in rows:

@@ -9,6 +9,7 @@ import pytest
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from vtllm.kernels import QType
 from vtllm.kernels.cpu.quant import dequantize, quantize
+from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
 from vtllm.kernels.cuda.linear_mma import (
     PREPACK_ABOVE,
     TOKENS,
@@ -129,6 +130,26 @@ def test_a_token_gets_the_same_bits_in_any_batch(rng, shape):
             sub = poisoned((len(rows), n))
             linear_mma(dev(x[rows]), w, sub, x_scratch=scratch if use_scratch else None)
             np.testing.assert_array_equal(host(sub), full[rows])
+
+
+@pytest.mark.parametrize("m", [1, 5, 12])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_swiglu_epilogue_gives_the_bits_of_the_separate_activation(rng, m, with_bias):
+    """A gate/up matrix with its rows interleaved in runs of 8: linear_mma(swiglu=True) writes
+    silu(gate) * up with the bits of the product followed by silu_and_mul(tile=8), bias
+    included, in decode steps and in steps of several token groups."""
+    n, k = 64, 48 * WARPS
+    w = tile_interleave(random_weight(rng, QType.BF16, n, k), 8)
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    bias = dev(rng.standard_normal(n).astype(np.float32)) if with_bias else None
+    product, act, fused = poisoned((m, n)), poisoned((m, n // 2)), poisoned((m, n // 2))
+    linear_mma(dev(x), packed(w), product, bias=bias)
+    silu_and_mul(product, act, tile=8)
+    linear_mma(dev(x), packed(w), fused, bias=bias, swiglu=True)
+    assert not np.isnan(host(fused)).any(), "unwritten outputs"
+    np.testing.assert_array_equal(host(fused), host(act))
+    with pytest.raises(ValueError, match="do not fit"):  # out must be [M, N / 2]
+        linear_mma(dev(x), packed(w), poisoned((m, n)), swiglu=True)
 
 
 def host_bits(w, n, k):

@@ -4,6 +4,10 @@ Same math as models.llama.LlamaModel (which runs on host arrays and may allocate
 here every buffer is allocated once, at the largest step, and a step uses leading views of
 them, so a decode step can be captured into a CUDA graph and replayed: nothing allocates,
 every pointer stays put. Weights are uploaded once; q/k/v and gate/up are fused on upload.
+A gate/up matrix bound for the tensor cores has its rows interleaved in runs of 8
+(activation.tile_interleave), so that each 16-row tile holds 8 gate rows and their 8 up rows:
+decode steps then get silu(gate) * up straight from the linear's epilogue (linear_mma
+swiglu), and other steps from silu_and_mul over that layout, with the same bits.
 """
 
 from dataclasses import dataclass
@@ -13,6 +17,7 @@ from numba import cuda
 
 from vtllm.kernels import QType
 from vtllm.kernels import cuda as ops
+from vtllm.kernels.cuda.activation import tile_interleave
 from vtllm.kernels.cuda.attention_split import make_scratch
 from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
 from vtllm.kernels.cuda.gemm_mma import gemm_mma, gemm_pays
@@ -67,7 +72,7 @@ class DeviceLayer:
     k_norm: object | None
     o: DeviceWeight
     ffn_norm: object
-    gate_up: DeviceWeight
+    gate_up: DeviceWeight  # packed: rows interleaved in runs of 8 (the module docstring)
     down: DeviceWeight
 
 
@@ -100,6 +105,11 @@ def upload_weights(weights: ModelWeights, stream, *, x_bf16: bool = False):
     def vec(a):
         return None if a is None else cuda.to_device(np.ascontiguousarray(a, np.float32), stream)
 
+    def gate_up(x: Weight) -> DeviceWeight:
+        if x.qtype == QType.BF16 and packable(*x.data.shape):
+            x = Weight(tile_interleave(x.data, 8), x.qtype, x.shape)
+        return w(x)
+
     layers = [
         DeviceLayer(
             attn_norm=vec(layer.attn_norm),
@@ -109,7 +119,7 @@ def upload_weights(weights: ModelWeights, stream, *, x_bf16: bool = False):
             k_norm=vec(layer.k_norm),
             o=w(layer.o),
             ffn_norm=vec(layer.ffn_norm),
-            gate_up=w(_fused(layer.gate_up, "gate/up")),
+            gate_up=gate_up(_fused(layer.gate_up, "gate/up")),
             down=w(layer.down),
         )
         for layer in weights.layers
@@ -208,8 +218,11 @@ class CudaForward:
                                 scratch=self.attn_scratch, stream=s)  # fmt: skip
             layer.o.matmul(attn.reshape(T, c.q_size), h, x_scratch=xs, stream=s)
             ops.rms_norm(h, layer.ffn_norm, eps, x, residual=residual, stream=s)
-            layer.gate_up.matmul(x, gate_up, x_scratch=xs, stream=s)
-            ops.silu_and_mul(gate_up, act, stream=s)
+            if layer.gate_up.packed and T <= PREPACK_ABOVE:  # SwiGLU as the epilogue
+                linear_mma(x, layer.gate_up.data, act, swiglu=True, stream=s)
+            else:
+                layer.gate_up.matmul(x, gate_up, x_scratch=xs, stream=s)
+                ops.silu_and_mul(gate_up, act, tile=8 if layer.gate_up.packed else 0, stream=s)
             layer.down.matmul(act, h, x_scratch=xs, stream=s)
         final_h, final_res, final = self.final_h[:R], self.final_res[:R], self.final[:R]
         gather_rows(h, inputs.logits_rows, final_h, stream=s)

@@ -1,6 +1,12 @@
 """silu(gate) * up for the gated MLP on the GPU. Hot path: keep it lean.
 
-Elementwise over a grid-stride loop; silu(g) = g / (1 + exp(-g)) as the CPU kernel computes it.
+Elementwise over a grid-stride loop; silu(g) = g / (1 + exp(-g)) as the CPU kernel computes it
+(`silu_mul`, which the decode linear's fused epilogue calls too: one expression, one rounding).
+
+Layouts of x [T, 2I]: gate columns then up columns, or, with tile=8, gate and up interleaved
+in runs of 8 (columns 16 j .. 16 j + 7 are gate 8 j .., the next 8 up 8 j ..): the order of
+a gate/up matrix packed for the tensor cores, whose 16-row tiles each hold 8 rows of both
+(executor/cuda_model), so that one block of the decode linear owns both halves of its outputs.
 """
 
 import math
@@ -16,25 +22,49 @@ THREADS = 32 if SIMULATOR else 256
 MAX_BLOCKS = 4 if SIMULATOR else 4096  # the grid-stride loop covers the rest
 
 
+def tile_interleave(a: np.ndarray, tile: int, axis: int = 0) -> np.ndarray:
+    """a's two halves along axis (gate, up) interleaved in runs of tile (the module
+    docstring): a host copy."""
+    a = np.moveaxis(np.asarray(a), axis, 0)
+    n = a.shape[0] // 2
+    if a.shape[0] % 2 or n % tile:
+        raise ValueError(f"tile_interleave: {a.shape[0]} is not two halves of whole {tile}-runs")
+    runs = a.reshape(2, n // tile, tile, *a.shape[1:]).swapaxes(0, 1)
+    return np.ascontiguousarray(np.moveaxis(runs.reshape(a.shape), 0, axis))
+
+
+@cuda.jit(device=True)
+def silu_mul(g, u):
+    return g / (np.float32(1.0) + math.exp(-g)) * u
+
+
 @cuda.jit(cache=True)
-def _silu_and_mul_kernel(x, out):
+def _silu_and_mul_kernel(x, out, tile):
     grid_dependency_sync()
     n = out.shape[1]
     total = out.shape[0] * n
     for j in range(cuda.grid(1), total, cuda.gridsize(1)):
         t, i = j // n, j % n
-        g = x[t, i]
-        out[t, i] = g / (np.float32(1.0) + math.exp(-g)) * x[t, n + i]
+        if tile:
+            g = x[t, 2 * tile * (i // tile) + i % tile]
+            u = x[t, 2 * tile * (i // tile) + tile + i % tile]
+        else:
+            g, u = x[t, i], x[t, n + i]
+        out[t, i] = silu_mul(g, u)
 
 
-def silu_and_mul(x, out, *, stream=0) -> None:
-    """out[T, I] = silu(x[:, :I]) * x[:, I:] for x float32 [T, 2I] (device arrays)."""
+def silu_and_mul(x, out, *, tile: int = 0, stream=0) -> None:
+    """out[T, I] = silu(gate) * up for x float32 [T, 2I] (device arrays): gate x[:, :I] and up
+    x[:, I:], or with tile (I a multiple of it) interleaved in runs of tile columns (the
+    module docstring)."""
     check("silu_and_mul", "x", x, np.float32, 2)
     if x.shape[1] % 2:
         raise ValueError(f"silu_and_mul: x must be [T, 2I], got {x.shape}")
     check("silu_and_mul", "out", out, np.float32, 2, (x.shape[0], x.shape[1] // 2))
+    if tile < 0 or (tile and out.shape[1] % tile):
+        raise ValueError(f"silu_and_mul: I = {out.shape[1]} is not a multiple of tile {tile}")
     total = out.shape[0] * out.shape[1]
     if total == 0:
         return
     blocks = min(MAX_BLOCKS, grid_blocks(total, THREADS))
-    _silu_and_mul_kernel[blocks, THREADS, stream](x, out)
+    _silu_and_mul_kernel[blocks, THREADS, stream](x, out, tile)

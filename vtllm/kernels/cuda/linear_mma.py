@@ -54,6 +54,7 @@ from vtllm.kernels.cuda._ptx import (
     mma_bf16,
     split_bf16x2,
 )
+from vtllm.kernels.cuda.activation import silu_mul
 
 WARPS = 2 if SIMULATOR else 8  # K slices per block
 # A W of at most WIDE_MAX_TILES row tiles, K at least twice N and at least WIDE_WARPS x UNROLL
@@ -199,11 +200,11 @@ def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc, x_bf16):
 
 @cuda.jit(device=True)
 def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, warps, one_group,
-                      x_bf16):  # fmt: skip
-    """One block's work (module docstring); warps, one_group and x_bf16 are constants of the
-    calling kernel, so once inlined the loop strides are too, with one_group (M <= 8) the other
-    groups' code folds away and with x_bf16 the second mma. partial: shared
-    [PARTIAL_ROWS, 16, 32]."""
+                      x_bf16, swiglu):  # fmt: skip
+    """One block's work (module docstring); warps, one_group, x_bf16 and swiglu are constants
+    of the calling kernel, so once inlined the loop strides are too, with one_group (M <= 8)
+    the other groups' code folds away and with x_bf16 the second mma. partial: shared
+    [PARTIAL_ROWS, 16, 32]. swiglu: see linear_mma."""
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
@@ -272,6 +273,12 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
                     s += partial[w, i, src]
                 sums[j] = s
         cuda.syncthreads()
+    if swiglu:  # row r of the tile pairs with row r + 8: accumulator i with i + 2, same lane
+        for j in range(SUMS):
+            e = tid + j * 32 * warps
+            if e < 16 * 32:
+                partial[0, e // 32, e % 32] = sums[j]
+        cuda.syncthreads()
     for j in range(SUMS):
         e = tid + j * 32 * warps
         if e < 16 * 32:
@@ -282,10 +289,16 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
                 row = 16 * nt + src // 4 + 8 * ((i % 4) // 2)
                 if has_bias:
                     s += bias[row]
-                out[tok, row] = s
+                if not swiglu:
+                    out[tok, row] = s
+                elif i % 4 < 2:  # gate row; its up row's sum is accumulator i + 2's
+                    u = partial[0, i + 2, src]
+                    if has_bias:
+                        u += bias[row + 8]
+                    out[tok, 8 * nt + src // 4] = silu_mul(s, u)
 
 
-def _block_kernel(warps, one_group, x_bf16):
+def _block_kernel(warps, one_group, x_bf16, swiglu):
     """A kernel running _linear_mma_block with these constants (decode kernels, one_group,
     split x themselves: prepacked is ignored there)."""
     registers = _WIDE_REGISTERS if warps == WIDE_WARPS else _REGISTERS
@@ -295,17 +308,20 @@ def _block_kernel(warps, one_group, x_bf16):
         grid_dependency_sync()
         partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
         _linear_mma_block(x, xp, prepacked and not one_group, packed, bias, has_bias, out,
-                          partial, warps, one_group, x_bf16)  # fmt: skip
+                          partial, warps, one_group, x_bf16, swiglu)  # fmt: skip
 
     return kernel
 
 
-# (wide, one_group, x_bf16) -> kernel; each compiles on its first launch
+# (wide, one_group, x_bf16, swiglu) -> kernel; each compiles on its first launch
 _KERNELS = {
-    (wide, one_group, x_bf16): _block_kernel(WIDE_WARPS if wide else WARPS, one_group, x_bf16)
+    (wide, one_group, x_bf16, swiglu): _block_kernel(
+        WIDE_WARPS if wide else WARPS, one_group, x_bf16, swiglu
+    )
     for wide in (False, True)
     for one_group in (False, True)
     for x_bf16 in (False, True)
+    for swiglu in (False, True)
 }
 
 
@@ -392,15 +408,19 @@ def check_split_step(op: str, xp, w: PackedBF16, out, bias):
     return bias
 
 
-def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, stream=0) -> None:
+def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, swiglu=False,
+               stream=0) -> None:  # fmt: skip
     """out[M, N] = x[M, K] @ W.T (+ bias[N]) for W packed by pack_bf16. Device arrays; out
     must not overlap x. With x_scratch (uint32, at least x_scratch_words(M, K)), steps of more
     than PREPACK_ABOVE tokens split x once into it first instead of once per tile of W in
-    every block: same values, same bits, far fewer instructions."""
+    every block: same values, same bits, far fewer instructions. swiglu: W is a gate/up
+    matrix whose rows are interleaved in runs of 8 (activation.tile_interleave), and out
+    [M, N / 2] gets silu(gate) * up, the bits that silu_and_mul(tile=8) gives on the product:
+    the activation is the epilogue, not a kernel of its own."""
     check("linear_mma", "x", x, np.float32, 2)
     check("linear_mma", "out", out, np.float32, 2)
     m, k = x.shape
-    n = out.shape[1]
+    n = out.shape[1] * (2 if swiglu else 1)
     if out.shape[0] != m or (n, k) != (w.n, w.k):
         raise ValueError(f"linear_mma: x {x.shape} and out {out.shape} do not fit W [{w.n}, {w.k}]")
     if not aligned(x, 8):
@@ -422,5 +442,5 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, stream=0) ->
     else:
         xp = placeholder(np.uint32, 2)
     grid = (-(-m // TOKENS), n // 16)
-    kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16]  # m <= 8: one token group
+    kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16, swiglu]  # m <= 8: one token group
     kernel[grid, w.slices * 32, stream](x, xp, prepacked, packed, bias, has_bias, out)

@@ -84,6 +84,10 @@ def _fused(parts: list[Weight], what: str) -> Weight:
     return concat_rows(parts)
 
 
+def _for_tensor_cores(x: Weight) -> bool:
+    return x.qtype == QType.BF16 and packable(*x.data.shape)
+
+
 def upload_weights(weights: ModelWeights, stream, *, x_bf16: bool = False):
     """-> (layers, {embed, lm_head, final_norm}); x_bf16: packed matrices multiply x rounded to
     bf16 (linear_mma.PackedBF16)."""
@@ -91,24 +95,21 @@ def upload_weights(weights: ModelWeights, stream, *, x_bf16: bool = False):
     def raw(x: Weight) -> DeviceWeight:
         return DeviceWeight(cuda.to_device(np.ascontiguousarray(x.data), stream=stream), x.qtype)
 
-    def w(x: Weight) -> DeviceWeight:
+    def w(x: Weight, *, gate_up: bool = False) -> DeviceWeight:
         """bf16 matrices with 16-aligned shapes go to the tensor cores, packed on the device
-        (the raw upload is freed); every other type keeps the GEMV kernel of its QType."""
+        (the raw upload is freed), a fused gate/up one with its rows interleaved in runs of 8
+        first (the module docstring); every other type keeps the GEMV kernel of its QType."""
+        if not _for_tensor_cores(x):
+            return raw(x)
+        if gate_up:
+            x = Weight(tile_interleave(x.data, 8), x.qtype, x.shape)
         up = raw(x)
-        n, k = x.data.shape
-        if x.qtype != QType.BF16 or not packable(n, k):
-            return up
         packed = pack_bf16(up.data, x_bf16=x_bf16, stream=stream)
         stream.synchronize()  # the raw copy is freed on return
         return DeviceWeight(packed, x.qtype, packed=True)
 
     def vec(a):
         return None if a is None else cuda.to_device(np.ascontiguousarray(a, np.float32), stream)
-
-    def gate_up(x: Weight) -> DeviceWeight:
-        if x.qtype == QType.BF16 and packable(*x.data.shape):
-            x = Weight(tile_interleave(x.data, 8), x.qtype, x.shape)
-        return w(x)
 
     layers = [
         DeviceLayer(
@@ -119,14 +120,14 @@ def upload_weights(weights: ModelWeights, stream, *, x_bf16: bool = False):
             k_norm=vec(layer.k_norm),
             o=w(layer.o),
             ffn_norm=vec(layer.ffn_norm),
-            gate_up=gate_up(_fused(layer.gate_up, "gate/up")),
+            gate_up=w(_fused(layer.gate_up, "gate/up"), gate_up=True),
             down=w(layer.down),
         )
         for layer in weights.layers
     ]
     embed = raw(weights.embed)  # read by row lookups, so never packed
     tied = weights.lm_head is weights.embed
-    if tied and not (embed.qtype == QType.BF16 and packable(*weights.embed.data.shape)):
+    if tied and not _for_tensor_cores(weights.embed):
         lm_head = embed
     else:  # its own matrix, or (tied, bf16) a packed copy beside the embedding rows
         lm_head = w(weights.lm_head)

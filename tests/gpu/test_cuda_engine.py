@@ -162,3 +162,31 @@ def test_logprobs_and_prompt_logprobs_match_cpu(tmp_path):
         assert a.rank == b.rank or (min(a.rank, b.rank) > 10 and abs(a.rank - b.rank) <= 3)
         np.testing.assert_allclose(b.logprob, a.logprob, atol=1e-3)
         np.testing.assert_allclose(b.top_logprobs, a.top_logprobs, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-qwen2"])
+def test_folded_norms_give_the_bits_of_the_unfolded_step(tmp_path, monkeypatch, shape):
+    """Steps of up to FOLD_TOKENS tokens fold the norms into the linears and the residual adds
+    into their epilogues (executor/cuda_model); the same steps with nothing folded give the
+    same logits, bit for bit (qwen2: a qkv bias; qwen3: q/k norms)."""
+    from tests.models.runner_util import make_runner
+    from vtllm.executor import cuda_model
+    from vtllm.executor.cuda_runner import CudaModelRunner
+
+    loaded = load_model(write_checkpoint(tmp_path / shape, shape, seed=5, bf16=True))
+    ids = np.random.default_rng(4).integers(3, loaded.config.vocab_size, 50).tolist()
+    chunks = [30, 1, 1, cuda_model.FOLD_TOKENS, 20 - 2 - cuda_model.FOLD_TOKENS]
+
+    def logits():
+        runner = CudaModelRunner(loaded, block_size=4, max_num_seqs=4, max_model_len=256,
+                                 max_num_batched_tokens=256, kv_cache_memory=64 << 20,
+                                 kv_cache_fraction=0.0, use_graphs=False)  # fmt: skip
+        assert runner.model.foldable
+        return teacher_forced_logits(runner, ids, chunks)
+
+    folded = logits()
+    monkeypatch.setattr(cuda_model, "FOLD_TOKENS", 0)
+    unfolded = logits()
+    np.testing.assert_array_equal(folded, unfolded)
+    cpu = teacher_forced_logits(make_runner(loaded), ids, chunks)
+    assert np.abs(folded - cpu).max() < 1e-3 * np.abs(cpu).max()

@@ -9,6 +9,7 @@ import pytest
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from vtllm.kernels import QType
 from vtllm.kernels.cpu.quant import dequantize, quantize
+from vtllm.kernels.cuda import rms_norm
 from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
 from vtllm.kernels.cuda.linear_mma import (
     PREPACK_ABOVE,
@@ -180,3 +181,63 @@ def test_bad_shapes_are_refused(rng):
         linear_mma(
             dev(np.zeros((2, 16), np.float32)), packed(w), dev(np.zeros((3, 16), np.float32))
         )
+
+
+# (N, K, M): one chunk of rms_norm's and one to eight tokens, K over several chunks (the
+# simulator's chunk is 128 columns), the wide kernel (its threads past rms_norm's add zeros)
+FOLDS = [(64, 48 * WARPS, 1), (64, 48 * WARPS, PREPACK_ABOVE), (32, 160, 3), WIDE + (1,)]
+if not SIMULATOR:  # Qwen3-0.6B qkv and gate_up, 8B qkv, a K over two chunks of 4,096
+    FOLDS += [(4096, 1024, 1), (6144, 1024, 8), (6144, 4096, 2), (64, 4352, 5)]
+
+
+@pytest.mark.parametrize(("n", "k", "m"), FOLDS, ids=str)
+def test_folded_norm_gives_the_bits_of_rms_norm_first(rng, n, k, m):
+    """norm_weight: the product of rms_norm(x) with the bits of rms_norm followed by the
+    linear (bias, and on narrow W the SwiGLU epilogue, included); x itself is left alone."""
+    w = packed(tile_interleave(random_weight(rng, QType.BF16, n, k), 8))
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    nw = dev(rng.uniform(0.5, 1.5, k).astype(np.float32))
+    bias = dev(rng.standard_normal(n).astype(np.float32))
+    x_dev, normed = dev(x), poisoned((m, k))
+    rms_norm(x_dev, nw, 1e-6, normed)
+    for swiglu in (False, True) if w.slices == WARPS else (False,):
+        width = n // 2 if swiglu else n
+        ours, theirs = poisoned((m, width)), poisoned((m, width))
+        linear_mma(normed, w, theirs, bias=bias, swiglu=swiglu)
+        linear_mma(x_dev, w, ours, bias=bias, swiglu=swiglu, norm_weight=nw, eps=1e-6)
+        assert not np.isnan(host(ours)).any(), "unwritten outputs"
+        np.testing.assert_array_equal(host(ours), host(theirs))
+    np.testing.assert_array_equal(host(x_dev), x)
+
+
+@pytest.mark.parametrize("m", [1, PREPACK_ABOVE])
+def test_accumulate_gives_the_bits_of_the_residual_add(rng, m):
+    """accumulate: out += the product, the residual stream rms_norm(h, residual=) would
+    update with h = the product (bias included)."""
+    n, k = 64, 48 * WARPS
+    w = packed(random_weight(rng, QType.BF16, n, k))
+    x = dev((rng.standard_normal((m, k)) * 3).astype(np.float32))
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    bias = dev(rng.standard_normal(n).astype(np.float32))
+    h, theirs, ours = poisoned((m, n)), dev(res), dev(res)
+    linear_mma(x, w, h, bias=bias)
+    rms_norm(h, dev(np.ones(n, np.float32)), 1e-6, poisoned((m, n)), residual=theirs)
+    linear_mma(x, w, ours, bias=bias, accumulate=True)
+    np.testing.assert_array_equal(host(ours), host(theirs))
+
+
+def test_folds_refuse_bad_arguments(rng):
+    n, k = 32, 48 * WARPS
+    w = packed(random_weight(rng, QType.BF16, n, k))
+    x, nw = dev(np.ones((2, k), np.float32)), dev(np.ones(k, np.float32))
+    with pytest.raises(ValueError, match="norm_weight"):
+        linear_mma(x, w, poisoned((2, n)), norm_weight=dev(np.ones(k - 1, np.float32)))
+    big = dev(np.ones((PREPACK_ABOVE + 1, k), np.float32))
+    with pytest.raises(ValueError, match="at most"):
+        linear_mma(big, w, poisoned((PREPACK_ABOVE + 1, n)), norm_weight=nw)
+    with pytest.raises(ValueError, match="at most"):
+        linear_mma(big, w, poisoned((PREPACK_ABOVE + 1, n)), accumulate=True)
+    with pytest.raises(ValueError, match="together"):
+        linear_mma(x, w, poisoned((2, n)), norm_weight=nw, accumulate=True)
+    with pytest.raises(ValueError, match="together"):
+        linear_mma(x, w, poisoned((2, n // 2)), swiglu=True, accumulate=True)

@@ -8,6 +8,14 @@ A gate/up matrix bound for the tensor cores has its rows interleaved in runs of 
 (activation.tile_interleave), so that each 16-row tile holds 8 gate rows and their 8 up rows:
 decode steps then get silu(gate) * up straight from the linear's epilogue (linear_mma
 swiglu), and other steps from silu_and_mul over that layout, with the same bits.
+
+One-token steps of a model whose layers' linears are all packed fold the layers' norms away
+too (FOLD_TOKENS): the qkv and gate_up linears normalize the residual stream as they load it,
+and the o and down linears add their products into it, so a layer runs 6 kernels instead of
+8, with the bits of the unfolded step (linear_mma's norm_weight and accumulate). Each block of
+a folded linear sums the row itself, a latency that only pays where it replaces a kernel
+boundary at one token (H200, BENCHMARKS.md): with more tokens, and for the lm_head's
+thousands of blocks, the separate norm is faster.
 """
 
 from dataclasses import dataclass
@@ -34,6 +42,8 @@ from vtllm.kernels.cuda.qkv_rope import qkv_rope
 from vtllm.models.config import ModelConfig
 from vtllm.models.llama import rope_table
 from vtllm.models.weights import ModelWeights, Weight, concat_rows
+
+FOLD_TOKENS = 1  # steps of up to this many tokens fold the layers' norms in (the docstring)
 
 
 @dataclass(slots=True)
@@ -158,6 +168,8 @@ class CudaForward:
         cos_sin = rope_table(config, weights, max_positions, ops)
         self.cos_sin = cuda.to_device(np.ascontiguousarray(cos_sin, np.float32), stream=stream)
         self.scale = float(config.head_dim) ** -0.5
+        mats = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        self.foldable = all(m.packed for m in mats)
         c, n = config, max_tokens
 
         def buf(*shape, dtype=np.float32):
@@ -205,18 +217,30 @@ class CudaForward:
         q, xs = self.q[:T], self.x_scratch
         gather_tokens(token_ids_dev, inputs.token_slots, inputs.positions, ids, stream=s)
         ops.embedding(ids, self.embed.data, self.embed.qtype, residual, stream=s)
+        fold = self.foldable and T <= FOLD_TOKENS
         for i, layer in enumerate(self.layers):
-            if i == 0:
+            if fold:  # the norm in qkv's loads (the module docstring)
+                linear_mma(residual, layer.qkv.data, qkv, bias=layer.qkv_bias,
+                           norm_weight=layer.attn_norm, eps=eps, stream=s)  # fmt: skip
+            elif i == 0:
                 ops.rms_norm(residual, layer.attn_norm, eps, x, stream=s)
             else:  # residual += h (last MLP output), x = norm(residual)
                 ops.rms_norm(h, layer.attn_norm, eps, x, residual=residual, stream=s)
-            layer.qkv.matmul(x, qkv, bias=layer.qkv_bias, x_scratch=xs, stream=s)
+            if not fold:
+                layer.qkv.matmul(x, qkv, bias=layer.qkv_bias, x_scratch=xs, stream=s)
             norms = {"q_norm": layer.q_norm, "k_norm": layer.k_norm}
             qkv_rope(qkv, q, self.kv_k[i], self.kv_v[i], inputs.slot_mapping, inputs.positions,
                      self.cos_sin, eps, **norms, stream=s)  # fmt: skip
             ops.paged_attention(q, self.kv_k[i], self.kv_v[i], inputs.block_tables,
                                 inputs.seq_lens, inputs.query_start_loc, self.scale, attn,
                                 scratch=self.attn_scratch, stream=s)  # fmt: skip
+            if fold:  # residual += o(attn), act = SwiGLU(gate_up(norm(residual))), += down(act)
+                linear_mma(attn.reshape(T, c.q_size), layer.o.data, residual, accumulate=True,
+                           stream=s)  # fmt: skip
+                linear_mma(residual, layer.gate_up.data, act, swiglu=True,
+                           norm_weight=layer.ffn_norm, eps=eps, stream=s)  # fmt: skip
+                linear_mma(act, layer.down.data, residual, accumulate=True, stream=s)
+                continue
             layer.o.matmul(attn.reshape(T, c.q_size), h, x_scratch=xs, stream=s)
             ops.rms_norm(h, layer.ffn_norm, eps, x, residual=residual, stream=s)
             if layer.gate_up.packed and T <= PREPACK_ABOVE:  # SwiGLU as the epilogue
@@ -226,9 +250,12 @@ class CudaForward:
                 ops.silu_and_mul(gate_up, act, tile=8 if layer.gate_up.packed else 0, stream=s)
             layer.down.matmul(act, h, x_scratch=xs, stream=s)
         final_h, final_res, final = self.final_h[:R], self.final_res[:R], self.final[:R]
-        gather_rows(h, inputs.logits_rows, final_h, stream=s)
-        gather_rows(residual, inputs.logits_rows, final_res, stream=s)
-        ops.rms_norm(final_h, self.final_norm, eps, final, residual=final_res, stream=s)
         logits = self.logits[:R]
+        gather_rows(residual, inputs.logits_rows, final_res, stream=s)
+        if fold:  # residual holds the last MLP output already
+            ops.rms_norm(final_res, self.final_norm, eps, final, stream=s)
+        else:
+            gather_rows(h, inputs.logits_rows, final_h, stream=s)
+            ops.rms_norm(final_h, self.final_norm, eps, final, residual=final_res, stream=s)
         self.lm_head.matmul(final, logits, x_scratch=xs, stream=s)
         return logits

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32
 
-from vtllm.kernels.cuda._device import SIMULATOR, imin
+from vtllm.kernels.cuda._device import MAX_WARPS, SIMULATOR, imin
 from vtllm.kernels.cuda._host import aligned, check, placeholder
 from vtllm.kernels.cuda._ptx import (
     grid_dependency_sync,
@@ -55,6 +55,8 @@ from vtllm.kernels.cuda._ptx import (
     split_bf16x2,
 )
 from vtllm.kernels.cuda.activation import silu_mul
+from vtllm.kernels.cuda.norm import THREADS as NORM_THREADS
+from vtllm.kernels.cuda.norm import row_inv_rms
 
 WARPS = 2 if SIMULATOR else 8  # K slices per block
 # A W of at most WIDE_MAX_TILES row tiles, K at least twice N and at least WIDE_WARPS x UNROLL
@@ -79,6 +81,7 @@ PACK_THREADS = 256
 _REGISTERS = {} if SIMULATOR else {"max_registers": 80}
 _WIDE_REGISTERS = {} if SIMULATOR else {"max_registers": 64}  # 1024 threads: 64 fill the SM
 PREPACK_ABOVE = 8  # tokens: up to one mma group, x is split inside the kernel (no extra launch)
+assert WARPS * 32 >= NORM_THREADS, "a folded norm sums a row with rms_norm's threads"
 
 
 def warps_for(n: int, k: int) -> int:
@@ -139,10 +142,15 @@ def _pack_kernel(w, packed):
 
 
 @cuda.jit(device=True)
-def _group(x, r, k, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16):
-    """One tile of W against 8 tokens (this lane's: row r of x, columns k, k+1, k+8, k+9)."""
+def _group(x, r, k, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16, norm, nw, inv):
+    """One tile of W against 8 tokens (this lane's: row r of x, columns k, k+1, k+8, k+9);
+    norm: those values scaled as rms_norm scales them, by inv (row r's) and the weights nw."""
     u0, u1 = load_f32x2(x, r, k)
     v0, v1 = load_f32x2(x, r, k + 8)
+    if norm:
+        w0, w1 = load_f32x2(nw, 0, k)
+        w2, w3 = load_f32x2(nw, 0, k + 8)
+        u0, u1, v0, v1 = w0 * (u0 * inv), w1 * (u1 * inv), w2 * (v0 * inv), w3 * (v1 * inv)
     h0, l0 = split_bf16x2(u0, u1)
     h1, l1 = split_bf16x2(v0, v1)
     c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, h0, h1, c0, c1, c2, c3)
@@ -164,9 +172,10 @@ def _group_packed(xp, gi, col, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16):
 
 
 @cuda.jit(device=True)
-def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc, x_bf16):
+def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc, x_bf16, norm, nw, inv):
     """acc (16 accumulators: 4 groups x 4) advanced by tile kt of W, whose fragment is a;
-    groups past the last token are skipped (block-uniform)."""
+    groups past the last token are skipped (block-uniform). norm (one group only): see
+    _group."""
     a0, a1, a2, a3 = a
     r0, r1, r2, r3 = rows
     (c00, c01, c02, c03, c10, c11, c12, c13,
@@ -187,24 +196,29 @@ def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc, x_bf16):
                                                c30, c31, c32, c33, x_bf16)  # fmt: skip
     else:
         k = kt * 16 + 2 * (lane % 4)
-        c00, c01, c02, c03 = _group(x, r0, k, a0, a1, a2, a3, c00, c01, c02, c03, x_bf16)
+        c00, c01, c02, c03 = _group(x, r0, k, a0, a1, a2, a3, c00, c01, c02, c03, x_bf16,
+                                    norm, nw, inv)  # fmt: skip
         if groups > 1:
-            c10, c11, c12, c13 = _group(x, r1, k, a0, a1, a2, a3, c10, c11, c12, c13, x_bf16)
+            c10, c11, c12, c13 = _group(x, r1, k, a0, a1, a2, a3, c10, c11, c12, c13, x_bf16,
+                                        False, nw, inv)  # fmt: skip
         if groups > 2:
-            c20, c21, c22, c23 = _group(x, r2, k, a0, a1, a2, a3, c20, c21, c22, c23, x_bf16)
+            c20, c21, c22, c23 = _group(x, r2, k, a0, a1, a2, a3, c20, c21, c22, c23, x_bf16,
+                                        False, nw, inv)  # fmt: skip
         if groups > 3:
-            c30, c31, c32, c33 = _group(x, r3, k, a0, a1, a2, a3, c30, c31, c32, c33, x_bf16)
+            c30, c31, c32, c33 = _group(x, r3, k, a0, a1, a2, a3, c30, c31, c32, c33, x_bf16,
+                                        False, nw, inv)  # fmt: skip
     return (c00, c01, c02, c03, c10, c11, c12, c13,
             c20, c21, c22, c23, c30, c31, c32, c33)  # fmt: skip
 
 
 @cuda.jit(device=True)
 def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, warps, one_group,
-                      x_bf16, swiglu):  # fmt: skip
-    """One block's work (module docstring); warps, one_group, x_bf16 and swiglu are constants
-    of the calling kernel, so once inlined the loop strides are too, with one_group (M <= 8)
-    the other groups' code folds away and with x_bf16 the second mma. partial: shared
-    [PARTIAL_ROWS, 16, 32]. swiglu: see linear_mma."""
+                      x_bf16, swiglu, norm, nw, eps, accumulate):  # fmt: skip
+    """One block's work (module docstring); warps, one_group, x_bf16, swiglu, norm and
+    accumulate are constants of the calling kernel, so once inlined the loop strides are too,
+    with one_group (M <= 8) the other groups' code folds away and with x_bf16 the second mma.
+    partial: shared [PARTIAL_ROWS, 16, 32]. swiglu, norm (one_group only), accumulate: see
+    linear_mma."""
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
@@ -232,6 +246,13 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
     f1 = load_u32x4(packed, nt, (warp + warps) * TILE_WORDS + base)
     f2 = load_u32x4(packed, nt, (warp + 2 * warps) * TILE_WORDS + base)
     f3 = load_u32x4(packed, nt, (warp + 3 * warps) * TILE_WORDS + base)
+    inv = np.float32(0.0)
+    if norm:  # this lane's token's, one row at a time; the loads above are in flight meanwhile
+        scratch = cuda.shared.array(MAX_WARPS, float32)
+        for t in range(M):
+            inv_t = row_inv_rms(x, t, eps, scratch)
+            if t == rows[0]:
+                inv = inv_t
     for kt in range(warp, ntiles, stride):
         if one_group:  # the next trip's tiles (this trip's again on the last trip)
             nk = kt + stride if kt + stride < ntiles else kt
@@ -245,13 +266,13 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
             f2 = load_u32x4(packed, nt, (kt + 2 * warps) * TILE_WORDS + base)
             f3 = load_u32x4(packed, nt, (kt + 3 * warps) * TILE_WORDS + base)
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc,
-                    x_bf16)  # fmt: skip
+                    x_bf16, norm, nw, inv)  # fmt: skip
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + warps, last), lane, f1, acc,
-                    x_bf16)  # fmt: skip
+                    x_bf16, norm, nw, inv)  # fmt: skip
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * warps, last), lane, f2,
-                    acc, x_bf16)  # fmt: skip
+                    acc, x_bf16, norm, nw, inv)  # fmt: skip
         acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * warps, last), lane, f3,
-                    acc, x_bf16)  # fmt: skip
+                    acc, x_bf16, norm, nw, inv)  # fmt: skip
         if one_group:
             f0, f1, f2, f3 = n0, n1, n2, n3
     # The partials are added in warp order, PARTIAL_ROWS warps at a time: the block's 512
@@ -289,7 +310,9 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
                 row = 16 * nt + src // 4 + 8 * ((i % 4) // 2)
                 if has_bias:
                     s += bias[row]
-                if not swiglu:
+                if accumulate:  # the residual add rms_norm did: same operands, same bits
+                    out[tok, row] = out[tok, row] + s
+                elif not swiglu:
                     out[tok, row] = s
                 elif i % 4 < 2:  # gate row; its up row's sum is accumulator i + 2's
                     u = partial[0, i + 2, src]
@@ -298,30 +321,35 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
                     out[tok, 8 * nt + src // 4] = silu_mul(s, u)
 
 
-def _block_kernel(warps, one_group, x_bf16, swiglu):
+def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False):
     """A kernel running _linear_mma_block with these constants (decode kernels, one_group,
     split x themselves: prepacked is ignored there)."""
     registers = _WIDE_REGISTERS if warps == WIDE_WARPS else _REGISTERS
 
     @cuda.jit(cache=True, **registers)
-    def kernel(x, xp, prepacked, packed, bias, has_bias, out):
+    def kernel(x, xp, prepacked, packed, bias, has_bias, out, nw, eps):
         grid_dependency_sync()
         partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
         _linear_mma_block(x, xp, prepacked and not one_group, packed, bias, has_bias, out,
-                          partial, warps, one_group, x_bf16, swiglu)  # fmt: skip
+                          partial, warps, one_group, x_bf16, swiglu, norm, nw, eps,
+                          accumulate)  # fmt: skip
 
     return kernel
 
 
-# (wide, one_group, x_bf16, swiglu) -> kernel; each compiles on its first launch
+# (wide, one_group, x_bf16, swiglu, norm, accumulate) -> kernel; each compiles on its first
+# launch. norm and accumulate come with one_group only (linear_mma), and not together.
 _KERNELS = {
-    (wide, one_group, x_bf16, swiglu): _block_kernel(
-        WIDE_WARPS if wide else WARPS, one_group, x_bf16, swiglu
+    (wide, one_group, x_bf16, swiglu, norm, accumulate): _block_kernel(
+        WIDE_WARPS if wide else WARPS, one_group, x_bf16, swiglu, norm, accumulate
     )
     for wide in (False, True)
     for one_group in (False, True)
     for x_bf16 in (False, True)
     for swiglu in (False, True)
+    for norm, accumulate in ((False, False), (True, False), (False, True))
+    if one_group or not (norm or accumulate)
+    if not (swiglu and accumulate)
 }
 
 
@@ -409,14 +437,20 @@ def check_split_step(op: str, xp, w: PackedBF16, out, bias):
 
 
 def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, swiglu=False,
-               stream=0) -> None:  # fmt: skip
+               norm_weight=None, eps=0.0, accumulate=False, stream=0) -> None:  # fmt: skip
     """out[M, N] = x[M, K] @ W.T (+ bias[N]) for W packed by pack_bf16. Device arrays; out
     must not overlap x. With x_scratch (uint32, at least x_scratch_words(M, K)), steps of more
     than PREPACK_ABOVE tokens split x once into it first instead of once per tile of W in
     every block: same values, same bits, far fewer instructions. swiglu: W is a gate/up
     matrix whose rows are interleaved in runs of 8 (activation.tile_interleave), and out
     [M, N / 2] gets silu(gate) * up, the bits that silu_and_mul(tile=8) gives on the product:
-    the activation is the epilogue, not a kernel of its own."""
+    the activation is the epilogue, not a kernel of its own.
+
+    Decode steps (M <= PREPACK_ABOVE) fold the norms around the linear in: with norm_weight
+    [K], x is the residual stream and the product is of rms_norm(x, norm_weight, eps) (the
+    values rms_norm writes, bit for bit, each block summing the rows itself: no norm kernel,
+    no normalized copy of x); with accumulate, out += the product (the residual add that
+    rms_norm(..., residual=) does next, same bits)."""
     check("linear_mma", "x", x, np.float32, 2)
     check("linear_mma", "out", out, np.float32, 2)
     m, k = x.shape
@@ -431,8 +465,19 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, swiglu=False
         raise ValueError("linear_mma: packed W must start on a 16-byte boundary")
     if bias is not None:
         check("linear_mma", "bias", bias, np.float32, 1, (n,))
+    norm = norm_weight is not None
+    if norm:
+        check("linear_mma", "norm_weight", norm_weight, np.float32, 1, (k,))
+    if (norm or accumulate) and m > PREPACK_ABOVE:
+        raise ValueError(f"linear_mma: norm_weight and accumulate take steps of at most "
+                         f"{PREPACK_ABOVE} tokens, got {m}")  # fmt: skip
+    if norm and accumulate:
+        raise ValueError("linear_mma: norm_weight and accumulate do not go together")
+    if accumulate and swiglu:
+        raise ValueError("linear_mma: accumulate and swiglu do not go together")
     if m == 0:
         return
+    nw = norm_weight.reshape(1, k) if norm else placeholder(np.float32, 2)
     has_bias = bias is not None
     if not has_bias:
         bias = placeholder(np.float32)
@@ -442,5 +487,7 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, swiglu=False
     else:
         xp = placeholder(np.uint32, 2)
     grid = (-(-m // TOKENS), n // 16)
-    kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16, swiglu]  # m <= 8: one token group
-    kernel[grid, w.slices * 32, stream](x, xp, prepacked, packed, bias, has_bias, out)
+    # m <= 8: one token group
+    kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16, swiglu, norm, accumulate]
+    kernel[grid, w.slices * 32, stream](x, xp, prepacked, packed, bias, has_bias, out, nw,
+                                        np.float32(eps))  # fmt: skip

@@ -11,6 +11,10 @@ its values and its weights (loaded with the values, not after the sum: Qwen3-0.6
 wrote itself, so out may be x without any barrier in between. (The block size is a constant:
 sizing it to the row at launch, with the stride read from blockDim, measured slower, 1,024
 rows of 4,096: 45 us.)
+
+row_inv_rms is the same sum for a kernel that folds the norm into its own loads (the decode
+linear, linear_mma's norm_weight): the same float operations in the same order, so the values
+it scales are bitwise those rms_norm writes.
 """
 
 import math
@@ -25,6 +29,34 @@ from vtllm.kernels.cuda._ptx import grid_dependency_sync
 THREADS = 32 if SIMULATOR else 256
 PER = 4 if SIMULATOR else 16  # columns a thread holds per chunk: 4,096 per chunk on the GPU
 CHUNK = THREADS * PER
+
+
+@cuda.jit(device=True)
+def inv_rms(ss, n, eps):
+    """1 / sqrt(mean square + eps) from a row's sum of squares ss over n columns."""
+    return np.float32(1.0) / math.sqrt(ss / np.float32(n) + eps)
+
+
+@cuda.jit(device=True)
+def row_inv_rms(x, t, eps, scratch):
+    """inv_rms of row t of x, summed as _rms_norm_kernel sums it (thread tid < THREADS
+    over columns tid, tid + THREADS, ... in order, then block_sum): the same bits. Every
+    thread of a block of at least THREADS threads calls it; the threads past THREADS add
+    zeros after the others' sums, which changes nothing. scratch: shared [MAX_WARPS]."""
+    tid = cuda.threadIdx.x
+    H = x.shape[1]
+    v = cuda.local.array(PER, float32)
+    ss = np.float32(0.0)
+    if tid < THREADS:
+        for c in range(0, H, CHUNK):
+            for i in range(PER):
+                k = c + tid + i * THREADS
+                if k < H:
+                    v[i] = x[t, k]
+            for i in range(PER):
+                if c + tid + i * THREADS < H:
+                    ss += v[i] * v[i]
+    return inv_rms(block_sum(ss, scratch), H, eps)
 
 
 @cuda.jit(cache=True)
@@ -54,7 +86,7 @@ def _rms_norm_kernel(x, weight, eps, out, residual, has_residual):
                     residual[t, k] = v[i]
                 ss += v[i] * v[i]
     ss = block_sum(ss, scratch)
-    inv = np.float32(1.0) / math.sqrt(ss / np.float32(H) + eps)
+    inv = inv_rms(ss, H, eps)
     for c in range(0, H, CHUNK):
         if H > CHUNK:  # one-chunk rows still hold their values in v and the weights in wt
             for i in range(PER):

@@ -46,6 +46,7 @@ WARPS = 4
 THREADS = 32 * WARPS
 MAX_GROUP = 8  # query heads per kv head
 MAX_DIM = 128  # head_dim: lane l loads dims 4l .. 4l + 3
+Q_PER_THREAD = MAX_GROUP * MAX_DIM // THREADS  # query values a thread loads (at most)
 # Shared row stride in floats: a multiple of 4 (128-bit accesses), and 4 mod 32 so that the
 # eight lanes of a quarter-warp reading one 128-bit piece of eight rows hit all 32 banks.
 ROW = MAX_DIM + 4
@@ -222,13 +223,21 @@ def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
     t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
     tid = cuda.threadIdx.x
     w, lane = tid // 32, tid % 32
-    num_blocks, bs, Hk, D = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], q.shape[2]
-    G = q.shape[1] // Hk
+    num_blocks, bs, Hk, D = k_cache.shape
+    G = q.shape[1] // (Hk * D)
     quads = D // 4  # four-column pieces of a head
     s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
     n_splits = (n_keys + SPLIT - 1) // SPLIT
     if s < 0 or z >= n_splits:
         return
+    # the queries are loaded in the same trip to memory as the block-table check (they do not
+    # depend on it), and stored to shared memory after it
+    # (q is [T, Hq * D]: this kv head's G query heads are one run of G * D values)
+    qv = cuda.local.array(Q_PER_THREAD, float32)
+    for i in range(Q_PER_THREAD):
+        e = tid + i * THREADS
+        if e < G * D:
+            qv[i] = q[t, hk * G * D + e]
     ok = 1
     for b in range(tid, (n_keys + bs - 1) // bs, THREADS):
         e = block_tables[s, b]
@@ -239,9 +248,13 @@ def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
             part_ml[t, hk * G + tid, 0, 1] = -1.0
         return
     smem = cuda.shared.array(SMEM_WORDS, float32)
-    for e in range(tid, G * D, THREADS):
-        g, d = e // D, e % D
-        smem[Q_AT + g * MAX_DIM + d] = q[t, hk * G + g, d] * scale
+    g, d = tid // D, tid % D  # item e's (head, dim), stepped, not divided, for each item
+    for i in range(Q_PER_THREAD):
+        if g < G:
+            smem[Q_AT + g * MAX_DIM + d] = qv[i] * scale
+        g, d = g + THREADS // D, d + THREADS % D
+        if d >= D:
+            g, d = g + 1, d - D
     shift = block_shift(bs)
     # p @ V items e = tid, tid + THREADS, .. as (head, piece) = divmod(e, quads), stepped
     # without dividing inside the split loop
@@ -348,7 +361,8 @@ def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     # enough blocks to fill the GPU, each looping over splits z, z + nz, ...: with one block
     # per split of the longest context, a batch of short rows launches mostly empty blocks
     nz = min(part_acc.shape[2], max(1, -(-TARGET_BLOCKS // (T * Hk))))
-    _split_kernel[(T, Hk, nz), THREADS, stream](q, k_cache, v_cache, block_tables, seq_lens,
+    q2 = q.reshape(T, Hq * D)
+    _split_kernel[(T, Hk, nz), THREADS, stream](q2, k_cache, v_cache, block_tables, seq_lens,
                                                 query_start_loc, np.float32(scale), part_acc,
                                                 part_ml)  # fmt: skip
     _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](

@@ -66,7 +66,10 @@ WARPS = 2 if SIMULATOR else 8  # K slices per block
 # K (0.6B qkv) were slower that way.
 WIDE_WARPS = 4 if SIMULATOR else 32
 WIDE_MAX_TILES = 2 if SIMULATOR else 256
-PARTIAL_ROWS = WARPS  # warps' partials the shared array holds at once (48 KB static at most)
+# Warps' partials the shared array holds at once (48 KB static at most): a wide block adds its
+# 32 in two rounds of 16, not four of 8, two barriers fewer each (H200, M = 1: Qwen3-0.6B o
+# 5.0 -> 4.8 us, down 6.4 -> 6.1, 8B down 33.7 -> 32.7; tools/device_bench_linear.py)
+PARTIAL_ROWS = 2 if SIMULATOR else 16
 SUMS = 16 // WARPS  # output sums per thread: a block's 16 x 32 over at least WARPS warps
 GROUPS = 4  # 8-token groups per block (the code below is written out for four)
 TOKENS = 8 * GROUPS
@@ -217,8 +220,8 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
     """One block's work (module docstring); warps, one_group, x_bf16, swiglu, norm and
     accumulate are constants of the calling kernel, so once inlined the loop strides are too,
     with one_group (M <= 8) the other groups' code folds away and with x_bf16 the second mma.
-    partial: shared [PARTIAL_ROWS, 16, 32]. swiglu, norm (one_group only), accumulate: see
-    linear_mma."""
+    partial: shared [min(warps, PARTIAL_ROWS), 16, 32]. swiglu, norm (one_group only),
+    accumulate: see linear_mma."""
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
@@ -275,22 +278,23 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
                     acc, x_bf16, norm, nw, inv)  # fmt: skip
         if one_group:
             f0, f1, f2, f3 = n0, n1, n2, n3
-    # The partials are added in warp order, PARTIAL_ROWS warps at a time: the block's 512
+    # The partials are added in warp order, `per_round` warps at a time: the block's 512
     # sums (accumulator e // 32 of lane e % 32) stay in registers, thread t holding sums
     # t, t + 32 warps, ... (SUMS at most).
     tid = cuda.threadIdx.x
     sums = cuda.local.array(SUMS, float32)
-    for c in range(warps // PARTIAL_ROWS):
-        if warp // PARTIAL_ROWS == c:
+    per_round = partial.shape[0]
+    for c in range(warps // per_round):
+        if warp // per_round == c:
             for i in range(16):
-                partial[warp % PARTIAL_ROWS, i, lane] = acc[i]
+                partial[warp % per_round, i, lane] = acc[i]
         cuda.syncthreads()
         for j in range(SUMS):
             e = tid + j * 32 * warps
             if e < 16 * 32:
                 i, src = e // 32, e % 32
                 s = partial[0, i, src] if c == 0 else sums[j] + partial[0, i, src]
-                for w in range(1, PARTIAL_ROWS):
+                for w in range(1, per_round):
                     s += partial[w, i, src]
                 sums[j] = s
         cuda.syncthreads()
@@ -325,11 +329,12 @@ def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False
     """A kernel running _linear_mma_block with these constants (decode kernels, one_group,
     split x themselves: prepacked is ignored there)."""
     registers = _WIDE_REGISTERS if warps == WIDE_WARPS else _REGISTERS
+    rows = min(warps, PARTIAL_ROWS)
 
     @cuda.jit(cache=True, **registers)
     def kernel(x, xp, prepacked, packed, bias, has_bias, out, nw, eps):
         grid_dependency_sync()
-        partial = cuda.shared.array((PARTIAL_ROWS, 16, 32), float32)
+        partial = cuda.shared.array((rows, 16, 32), float32)
         _linear_mma_block(x, xp, prepacked and not one_group, packed, bias, has_bias, out,
                           partial, warps, one_group, x_bf16, swiglu, norm, nw, eps,
                           accumulate)  # fmt: skip
@@ -450,7 +455,8 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, swiglu=False
     [K], x is the residual stream and the product is of rms_norm(x, norm_weight, eps) (the
     values rms_norm writes, bit for bit, each block summing the rows itself: no norm kernel,
     no normalized copy of x); with accumulate, out += the product (the residual add that
-    rms_norm(..., residual=) does next, same bits)."""
+    rms_norm(..., residual=) does next, same bits). The rows are summed one after another, a
+    trip to memory and a block reduction each: the forward folds one-token steps only."""
     check("linear_mma", "x", x, np.float32, 2)
     check("linear_mma", "out", out, np.float32, 2)
     m, k = x.shape

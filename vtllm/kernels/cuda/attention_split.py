@@ -230,9 +230,9 @@ def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
     n_splits = (n_keys + SPLIT - 1) // SPLIT
     if s < 0 or z >= n_splits:
         return
-    # the queries are loaded in the same trip to memory as the block-table check (they do not
-    # depend on it), and stored to shared memory after it
-    # (q is [T, Hq * D]: this kv head's G query heads are one run of G * D values)
+    # The queries go in the same trip to memory as the block-table check (they do not depend
+    # on it) and to shared memory after it; q is [T, Hq * D], so this kv head's G query heads
+    # are one run of G * D values.
     qv = cuda.local.array(Q_PER_THREAD, float32)
     for i in range(Q_PER_THREAD):
         e = tid + i * THREADS

@@ -16,9 +16,10 @@ import numpy as np
 from numba import cuda
 
 from vtllm.executor.cuda_graphs import CudaGraph
-from vtllm.executor.cuda_model import FOLD_TOKENS
+from vtllm.executor.cuda_model import FOLD_TOKENS, ROPE_TOKENS
 from vtllm.executor.cuda_runner import CudaModelRunner
 from vtllm.kernels import cuda as ops
+from vtllm.kernels.cuda.attention_split import rope_attention
 from vtllm.kernels.cuda.linear_mma import PREPACK_ABOVE, linear_mma
 from vtllm.kernels.cuda.qkv_rope import qkv_rope
 from vtllm.models.loader import load_model
@@ -148,6 +149,8 @@ def op_rows(runner, T, R, views):
     fused = lay.gate_up.packed and B <= PREPACK_ABOVE
     fold = m.foldable and B <= FOLD_TOKENS  # the norms in the linears (executor/cuda_model)
     n_plain = 0 if fold else n  # rows a folded step does not run are timed, counted x 0
+    in_attention = m.rope_fusable and B <= ROPE_TOKENS  # qkv_rope in attention's kernel
+    n_unfused = 0 if in_attention else n
     res, attn2d, eps = m.residual[:B], m.attn[:B].reshape(B, c.q_size), c.rms_norm_eps
     res.copy_to_device(rng.standard_normal(res.shape).astype(np.float32))
     rows = [
@@ -157,8 +160,8 @@ def op_rows(runner, T, R, views):
         ("linear gate_up", 0 if fused else n, lambda: lay.gate_up.matmul(x, m.gate_up[:B], x_scratch=m.x_scratch, stream=s)),
         ("linear down", n_plain, lambda: lay.down.matmul(m.act[:B], h, x_scratch=m.x_scratch, stream=s)),
         ("silu_and_mul", 0 if fused else n, lambda: ops.silu_and_mul(m.gate_up[:B], m.act[:B], tile=8 if lay.gate_up.packed else 0, stream=s)),
-        ("qkv_rope (+q/k norm)", n, lambda: qkv_rope(qkv, m.q[:B], m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)),
-        ("paged_attention", n, lambda: ops.paged_attention(m.q[:B], m.kv_k[0], m.kv_v[0], inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], scratch=m.attn_scratch, stream=s)),
+        ("qkv_rope (+q/k norm)", n_unfused, lambda: qkv_rope(qkv, m.q[:B], m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)),
+        ("paged_attention", n_unfused, lambda: ops.paged_attention(m.q[:B], m.kv_k[0], m.kv_v[0], inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], scratch=m.attn_scratch, stream=s)),
         ("lm_head", 1, lambda: m.lm_head.matmul(m.final[:R], m.logits[:R], x_scratch=m.x_scratch, stream=s)),
         ("sample (greedy)", 1, lambda: runner._sample(m.logits[:R], views, R)),
     ]  # fmt: skip
@@ -171,6 +174,8 @@ def op_rows(runner, T, R, views):
             ("gate_up, norm + SwiGLU", n, lambda: linear_mma(res, lay.gate_up.data, m.act[:B], swiglu=True, norm_weight=lay.ffn_norm, eps=eps, stream=s)),
             ("down, += residual", n, lambda: linear_mma(m.act[:B], lay.down.data, res, accumulate=True, stream=s)),
         ]  # fmt: skip
+    if in_attention:
+        rows.append(("rope_attention", n, lambda: rope_attention(qkv, m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], m.attn_scratch, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)))  # fmt: skip
     total = 0.0
     print(f"{'op':24s} {'us each':>9s} {'per step':>9s} {'x':>4s}")
     for name, count, fn in rows:

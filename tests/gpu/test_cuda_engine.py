@@ -164,11 +164,12 @@ def test_logprobs_and_prompt_logprobs_match_cpu(tmp_path):
         np.testing.assert_allclose(b.top_logprobs, a.top_logprobs, atol=1e-3)
 
 
-@pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-qwen2"])
+@pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-qwen2", "tiny-qwen3-d32"])
 def test_folded_norms_give_the_bits_of_the_unfolded_step(tmp_path, monkeypatch, shape):
     """Steps of up to FOLD_TOKENS tokens fold the norms into the linears and the residual adds
-    into their epilogues (executor/cuda_model); the same steps with nothing folded give the
-    same logits, bit for bit (qwen2: a qkv bias; qwen3: q/k norms)."""
+    into their epilogues, and steps of up to ROPE_TOKENS make q and the new keys inside
+    attention (executor/cuda_model); the same steps with nothing folded give the same logits,
+    bit for bit (qwen2: a qkv bias; qwen3: q/k norms; d32: heads that rope_attention takes)."""
     from tests.models.runner_util import make_runner
     from vtllm.executor import cuda_model
     from vtllm.executor.cuda_runner import CudaModelRunner
@@ -182,10 +183,12 @@ def test_folded_norms_give_the_bits_of_the_unfolded_step(tmp_path, monkeypatch, 
                                  max_num_batched_tokens=256, kv_cache_memory=64 << 20,
                                  kv_cache_fraction=0.0, use_graphs=False)  # fmt: skip
         assert runner.model.foldable
+        assert runner.model.rope_fusable == (loaded.config.head_dim == 32)
         return teacher_forced_logits(runner, ids, chunks)
 
     folded = logits()
     monkeypatch.setattr(cuda_model, "FOLD_TOKENS", 0)
+    monkeypatch.setattr(cuda_model, "ROPE_TOKENS", 0)
     unfolded = logits()
     np.testing.assert_array_equal(folded, unfolded)
     cpu = teacher_forced_logits(make_runner(loaded), ids, chunks)

@@ -26,7 +26,7 @@ from numba import cuda
 from vtllm.kernels import QType
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda.activation import tile_interleave
-from vtllm.kernels.cuda.attention_split import make_scratch
+from vtllm.kernels.cuda.attention_split import fuses_rope, make_scratch, rope_attention
 from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
 from vtllm.kernels.cuda.gemm_mma import gemm_mma, gemm_pays
 from vtllm.kernels.cuda.linear_mma import (
@@ -44,6 +44,10 @@ from vtllm.models.llama import rope_table
 from vtllm.models.weights import ModelWeights, Weight, concat_rows
 
 FOLD_TOKENS = 1  # steps of up to this many tokens fold the layers' norms in (the docstring)
+# Steps of this many tokens have one token per sequence whatever they are (a captured graph
+# serves decode, prefill and mixed steps of its size alike), so attention can make its own
+# q and new key (attention_split.rope_attention): one kernel a layer fewer.
+ROPE_TOKENS = 1
 
 
 @dataclass(slots=True)
@@ -170,6 +174,7 @@ class CudaForward:
         self.scale = float(config.head_dim) ** -0.5
         mats = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         self.foldable = all(m.packed for m in mats)
+        self.rope_fusable = fuses_rope(config.num_heads, config.num_kv_heads, config.head_dim)
         c, n = config, max_tokens
 
         def buf(*shape, dtype=np.float32):
@@ -218,6 +223,7 @@ class CudaForward:
         gather_tokens(token_ids_dev, inputs.token_slots, inputs.positions, ids, stream=s)
         ops.embedding(ids, self.embed.data, self.embed.qtype, residual, stream=s)
         fold = self.foldable and T <= FOLD_TOKENS
+        rope_in_attention = self.rope_fusable and T <= ROPE_TOKENS
         for i, layer in enumerate(self.layers):
             if fold:  # the norm in qkv's loads (the module docstring)
                 linear_mma(residual, layer.qkv.data, qkv, bias=layer.qkv_bias,
@@ -229,11 +235,17 @@ class CudaForward:
             if not fold:
                 layer.qkv.matmul(x, qkv, bias=layer.qkv_bias, x_scratch=xs, stream=s)
             norms = {"q_norm": layer.q_norm, "k_norm": layer.k_norm}
-            qkv_rope(qkv, q, self.kv_k[i], self.kv_v[i], inputs.slot_mapping, inputs.positions,
-                     self.cos_sin, eps, **norms, stream=s)  # fmt: skip
-            ops.paged_attention(q, self.kv_k[i], self.kv_v[i], inputs.block_tables,
-                                inputs.seq_lens, inputs.query_start_loc, self.scale, attn,
-                                scratch=self.attn_scratch, stream=s)  # fmt: skip
+            kv = (self.kv_k[i], self.kv_v[i])
+            meta = (inputs.block_tables, inputs.seq_lens, inputs.query_start_loc)
+            if rope_in_attention:  # q/k norm, rotation and the KV write in attention's blocks
+                rope_attention(qkv, *kv, inputs.slot_mapping, inputs.positions, self.cos_sin, eps,
+                               *meta, self.scale, attn, self.attn_scratch, **norms,
+                               stream=s)  # fmt: skip
+            else:
+                qkv_rope(qkv, q, *kv, inputs.slot_mapping, inputs.positions, self.cos_sin, eps,
+                         **norms, stream=s)  # fmt: skip
+                ops.paged_attention(q, *kv, *meta, self.scale, attn, scratch=self.attn_scratch,
+                                    stream=s)  # fmt: skip
             if fold:  # residual += o(attn), act = SwiGLU(gate_up(norm(residual))), += down(act)
                 linear_mma(attn.reshape(T, c.q_size), layer.o.data, residual, accumulate=True,
                            stream=s)  # fmt: skip

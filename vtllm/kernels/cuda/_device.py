@@ -145,6 +145,11 @@ if SIMULATOR:
         return r
 
     @cuda.jit(device=True)
+    def lane_xor16(v):
+        tid, _ = _exchange(v)
+        return _lanes[tid ^ 16]
+
+    @cuda.jit(device=True)
     def warp_max(v):
         tid, nt = _exchange(v)
         base = tid - tid % 32
@@ -165,10 +170,14 @@ if SIMULATOR:
 
     @cuda.jit(device=True)
     def block_sum(v, scratch):
+        """The GPU's shape of sum: each warp's, then the warps' in order."""
         _, nt = _exchange(v)
-        r = _lanes[0]
-        for i in range(1, nt):
-            r += _lanes[i]
+        r = np.float32(0.0)
+        for base in range(0, nt, 32):
+            part = _lanes[base]
+            for i in range(base + 1, min(base + 32, nt)):
+                part += _lanes[i]
+            r = part if base == 0 else r + part
         return r
 
     @cuda.jit(device=True)
@@ -229,6 +238,11 @@ else:
     @cuda.jit(device=True)
     def warp_sum4(a, b, c, d):
         return warp_sum(a), warp_sum(b), warp_sum(c), warp_sum(d)
+
+    @cuda.jit(device=True)
+    def lane_xor16(v):
+        """v of the lane 16 away in this warp (every lane calls it)."""
+        return cuda.shfl_xor_sync(FULL_MASK, v, 16)
 
     @cuda.jit(device=True)
     def warp_max(v):

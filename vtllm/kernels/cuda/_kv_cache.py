@@ -12,6 +12,7 @@ array's dtype when a kernel is compiled (no branch at run time):
       it); the address must be aligned to the load's size.
   kv_store(c, i, j, k, d, x): c[i, j, k, d] = x (rounded to bf16 for a uint16 cache,
       `cvt.rn.bf16.f32`).
+  kv_rounded(c, x): the float32 that kv_value reads back after kv_store(c, .., x).
 
 Under numba's simulator they are plain indexing with the same conversions.
 """
@@ -52,6 +53,9 @@ if SIMULATOR:
 
     def kv_store(c, i, j, k, d, x):
         c[i, j, k, d] = _round_bf16(x) if c.dtype == np.uint16 else x
+
+    def kv_rounded(c, x):
+        return _bf16_value(_round_bf16(x)) if c.dtype == np.uint16 else np.float32(x)
 
 else:
     from llvmlite import ir
@@ -118,5 +122,21 @@ else:
                 value = builder.call(ir.InlineAsm(fnty, "cvt.rn.bf16.f32 $0, $1;", "=h,f"), [value])
             builder.store(value, ptr)
             return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def kv_rounded(typingctx, c, x):
+        if c.dtype not in _STORAGE:
+            return None
+        sig = types.float32(c, x)
+
+        def codegen(context, builder, sig, args):
+            (value,) = _cast_all(context, builder, args[1:], sig.args[1:], types.float32)
+            if sig.args[0].dtype == types.float32:
+                return value
+            fnty = ir.FunctionType(_I16, [_F32])
+            bits = builder.call(ir.InlineAsm(fnty, "cvt.rn.bf16.f32 $0, $1;", "=h,f"), [value])
+            return _bf16_pair(builder, builder.zext(bits, _I32))[0]
 
         return sig, codegen

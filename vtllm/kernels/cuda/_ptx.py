@@ -15,6 +15,8 @@
       about 2^-17 relative (`cvt.rn.bf16x2.f32` twice, two subtractions).
   load_f32x2(a, row, col): a[row, col] and a[row, col + 1] in one 64-bit load; col even and
       the row start 8-byte aligned.
+  prefetch_l1(a, row, col): brings the line of a[row, col] into L1 (`prefetch.global.L1`), so
+      that a later load of it (one that waits on other work first) hits there.
   copy_async_commit(): closes the group of this thread's cp.async copies (_ptx_shared's
       copy_async16_to) issued since the last commit (`cp.async.commit_group`);
       copy_async_waiter(n) makes a function that waits until at most n of this thread's groups
@@ -56,6 +58,9 @@ if SIMULATOR:
         return a[row, col], a[row, col + 1]
 
     load_u32x2 = load_f32x2
+
+    def prefetch_l1(a, row, col):
+        pass
 
     def copy_async_commit():
         pass
@@ -192,6 +197,17 @@ else:
             return sig, codegen
 
         return statement
+
+    @intrinsic
+    def prefetch_l1(typingctx, a, row, col):
+        sig = types.void(a, row, col)
+
+        def codegen(context, builder, sig, args):
+            ptr = _item_pointer(context, builder, sig, args)
+            _asm_void(builder, "prefetch.global.L1 [$0];", "l", [ptr.type], [ptr])
+            return context.get_dummy_value()
+
+        return sig, codegen
 
     copy_async_commit = _statement("cp.async.commit_group;")
 

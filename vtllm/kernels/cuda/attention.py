@@ -148,13 +148,32 @@ def _paged_attention_kernel(
         out[t, h, tid] = acc / den
 
 
-def _shape_error(q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc):
-    return ValueError(
-        f"paged_attention: shapes do not match: q {q.shape}, out {out.shape}, "
-        f"k_cache {k_cache.shape}, v_cache {v_cache.shape}, block_tables "
-        f"{block_tables.shape}, seq_lens {seq_lens.shape}, query_start_loc "
-        f"{query_start_loc.shape}"
-    )
+def check_attention(op, q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc):
+    """paged_attention's argument checks (dtypes, shapes), under the name op."""
+    check(op, "q", q, np.float32, 3)
+    check(op, "out", out, np.float32, 3)
+    check_kv(op, k_cache, v_cache)
+    check(op, "block_tables", block_tables, np.int32, 2)
+    check(op, "seq_lens", seq_lens, np.int32, 1)
+    check(op, "query_start_loc", query_start_loc, np.int32, 1)
+    hq, d = q.shape[1], q.shape[2]
+    s = seq_lens.shape[0]
+    if (
+        tuple(out.shape) != tuple(q.shape)
+        or tuple(v_cache.shape) != tuple(k_cache.shape)
+        or k_cache.shape[3] != d
+        or hq % k_cache.shape[2]
+        or query_start_loc.shape != (s + 1,)
+        or block_tables.shape[0] != s
+    ):
+        raise ValueError(
+            f"{op}: shapes do not match: q {q.shape}, out {out.shape}, "
+            f"k_cache {k_cache.shape}, v_cache {v_cache.shape}, block_tables "
+            f"{block_tables.shape}, seq_lens {seq_lens.shape}, query_start_loc "
+            f"{query_start_loc.shape}"
+        )
+    if d > MAX_THREADS:
+        raise ValueError(f"{op}: head_dim {d} > {MAX_THREADS} is not supported")
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping, *, stream=0) -> None:
@@ -189,25 +208,10 @@ def paged_attention(
     decode-sized batches spread each row over many blocks. Either way a row's result is the
     same bits.
     """
-    check("paged_attention", "q", q, np.float32, 3)
-    check("paged_attention", "out", out, np.float32, 3)
-    check_kv("paged_attention", k_cache, v_cache)
-    check("paged_attention", "block_tables", block_tables, np.int32, 2)
-    check("paged_attention", "seq_lens", seq_lens, np.int32, 1)
-    check("paged_attention", "query_start_loc", query_start_loc, np.int32, 1)
+    check_attention("paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens,
+                    query_start_loc)  # fmt: skip
     t, hq, d = q.shape
     s = seq_lens.shape[0]
-    if (
-        tuple(out.shape) != tuple(q.shape)
-        or tuple(v_cache.shape) != tuple(k_cache.shape)
-        or k_cache.shape[3] != d
-        or hq % k_cache.shape[2]
-        or query_start_loc.shape != (s + 1,)
-        or block_tables.shape[0] != s
-    ):
-        raise _shape_error(q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
-    if d > MAX_THREADS:
-        raise ValueError(f"paged_attention: head_dim {d} > {MAX_THREADS} is not supported")
     if s == 0 or t == 0:
         return
     from vtllm.kernels.cuda import attention_split

@@ -20,6 +20,18 @@ is the in-order fold of its splits' states, always through `_fold`:
     all) and fold each row's splits in order as they go.
 Both paths run the same code on the same keys in the same order, so a token's output does not
 depend on the path, the batch or the chunking (the depth-2 law needs that on the GPU too).
+
+A block checks the block-table entries of its own splits as it loads them (a bad one marks
+the split, and the combine then leaves the row unwritten), and reads a decode row's metadata
+in one trip (_row): two round trips to memory fewer before the keys arrive.
+
+rope_attention runs qkv_rope's work inside the split kernel for steps of one token per
+sequence: each warp norms and rotates one head in registers (_rope_head), and the block that
+reads a row's newest key makes that key and writes it to the cache. Kept small on purpose:
+a first version that did this work through shared memory, 8 unrolled items a thread, had
+twice the code and ran slower than the two kernels it replaced, its extra time following
+its code size rather than its work (BENCHMARKS.md; likely instruction fetch, in a kernel
+that runs most instructions once).
 """
 
 import math
@@ -33,13 +45,16 @@ from vtllm.kernels.cuda._device import (
     fma32,
     fmax,
     imin,
+    lane_xor16,
     warp_max,
     warp_sum,
 )
-from vtllm.kernels.cuda._kv_cache import kv_value4
-from vtllm.kernels.cuda._ptx import grid_dependency_sync
+from vtllm.kernels.cuda._host import placeholder
+from vtllm.kernels.cuda._kv_cache import kv_rounded, kv_store, kv_value4
+from vtllm.kernels.cuda._ptx import grid_dependency_sync, prefetch_l1
 from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_shared_f32x4
 from vtllm.kernels.cuda.attention import _sequence_of
+from vtllm.kernels.cuda.qkv_rope import head_inv_rms, rotated
 
 SPLIT = 32  # keys per split: one per lane in the score phase
 WARPS = 4
@@ -59,10 +74,12 @@ V_AT = K_AT + SPLIT * ROW  # and values
 P_AT = V_AT + SPLIT * ROW  # probabilities [MAX_GROUP, SPLIT]
 M_AT = P_AT + MAX_GROUP * SPLIT  # the split's max and sum per head
 L_AT = M_AT + MAX_GROUP
-SMEM_WORDS = L_AT + MAX_GROUP
+NEW_K_AT = L_AT + MAX_GROUP  # rope_attention: the row's new key and value as the cache holds
+NEW_V_AT = NEW_K_AT + MAX_DIM  # them
+SMEM_WORDS = NEW_V_AT + MAX_DIM
 TARGET_BLOCKS = 512  # decode grid size to aim for (H200, 132 SMs: 512 beat 1024 and 2048 by 2-6%)
-# 128 registers (no spills) let four blocks share an SM: 1.3x faster at batch 32 than the
-# compiler's own choice (tools/device_bench_attention.py)
+# 128 registers (a few spills: tools/kernel_report.py) let four blocks share an SM: 1.3x
+# faster at batch 32 than the compiler's own choice (tools/device_bench_attention.py)
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}
 
 
@@ -108,12 +125,19 @@ def _fold(m, l, a, m2, l2, a2):
 @cuda.jit(device=True)
 def _row(query_start_loc, seq_lens, block_tables, t, bs):
     """(sequence, keys this query sees) for token row t, or (-1, 0) when the row is padding or
-    its metadata does not fit the block table."""
-    s = _sequence_of(query_start_loc, t)
+    its metadata does not fit the block table. In a decode step row t is sequence t: its
+    bounds and length are read in one trip to memory, and only other steps search."""
+    s, ctx = -1, 0
+    if t < seq_lens.shape[0]:
+        start, end, ctx = query_start_loc[t], query_start_loc[t + 1], seq_lens[t]
+        if start == t and end == t + 1:
+            s = t
     if s < 0:
-        return -1, 0
+        s = _sequence_of(query_start_loc, t)
+        if s < 0:
+            return -1, 0
+        ctx = seq_lens[s]
     n_q = query_start_loc[s + 1] - query_start_loc[s]
-    ctx = seq_lens[s]
     if ctx < n_q or (ctx + bs - 1) // bs > block_tables.shape[1]:
         return -1, 0
     return s, ctx - (query_start_loc[s + 1] - t) + 1
@@ -138,6 +162,14 @@ def _slot_of(block_tables, s, j, bs, shift):
     return block_tables[s, j // bs], j % bs
 
 
+@cuda.jit(device=True)
+def _slot_of_slot(slot, bs, shift):
+    """(cache block, offset in it) of a slot (block * bs + offset)."""
+    if shift >= 0:
+        return slot >> shift, slot & (bs - 1)
+    return slot // bs, slot % bs
+
+
 def split_loader(warps: int, k_at: int, v_at: int):
     """Phase 1 for a block of `warps` warps whose shared K and V rows start at k_at and v_at:
     load(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift) puts keys
@@ -145,7 +177,8 @@ def split_loader(warps: int, k_at: int, v_at: int):
     lane l dims 4l .. 4l + 3). Rows past n_here repeat key lo (finite values that p = 0 will
     weigh), so no branch depends on the key. Fixed trip counts: unrolled, the loaded rows live
     in registers and every load is in flight before the first store. shift: block_shift(block
-    size)."""
+    size). Returns 1 where a key's block-table entry is outside the cache (its rows then hold
+    block 0's values), else 0: the split's own check, made in the same trip as the loads."""
     keys_per_warp = SPLIT // warps
     assert keys_per_warp * warps == SPLIT
 
@@ -153,20 +186,24 @@ def split_loader(warps: int, k_at: int, v_at: int):
     def load(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift):
         d = 4 * lane
         if d >= D:
-            return
-        bs = k_cache.shape[1]
+            return 0
+        num_blocks, bs = k_cache.shape[0], k_cache.shape[1]
         kr = cuda.local.array((keys_per_warp, 4), float32)
         vr = cuda.local.array((keys_per_warp, 4), float32)
+        bad = 0
         for i in range(keys_per_warp):
             jj = w + warps * i
             j = lo + (jj if jj < n_here else 0)
             blk, off = _slot_of(block_tables, s, j, bs, shift)
+            if blk < 0 or blk >= num_blocks:
+                blk, bad = 0, 1
             kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = kv_value4(k_cache, blk, off, hk, d)
             vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = kv_value4(v_cache, blk, off, hk, d)
         for i in range(keys_per_warp):
             at = (w + warps * i) * ROW + d
             store_shared_f32x4(smem, k_at + at, kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3])
             store_shared_f32x4(smem, v_at + at, vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3])
+        return bad
 
     return load
 
@@ -216,85 +253,212 @@ def _weighted_columns(smem, p_at, d):
     return a0, a1, a2, a3
 
 
-@cuda.jit(cache=True, **_REGISTERS)
-def _split_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                  part_acc, part_ml):  # fmt: skip
-    grid_dependency_sync()
-    t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
-    tid = cuda.threadIdx.x
-    w, lane = tid // 32, tid % 32
-    num_blocks, bs, Hk, D = k_cache.shape
-    G = q.shape[1] // (Hk * D)
-    quads = D // 4  # four-column pieces of a head
-    s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
-    n_splits = (n_keys + SPLIT - 1) // SPLIT
-    if s < 0 or z >= n_splits:
-        return
-    # The queries go in the same trip to memory as the block-table check (they do not depend
-    # on it) and to shared memory after it; q is [T, Hq * D], so this kv head's G query heads
-    # are one run of G * D values.
-    qv = cuda.local.array(Q_PER_THREAD, float32)
-    for i in range(Q_PER_THREAD):
-        e = tid + i * THREADS
-        if e < G * D:
-            qv[i] = q[t, hk * G * D + e]
-    ok = 1
-    for b in range(tid, (n_keys + bs - 1) // bs, THREADS):
-        e = block_tables[s, b]
-        if e < 0 or e >= num_blocks:
-            ok = 0
-    if cuda.syncthreads_and(ok) == 0:
-        if z == 0 and tid < G:  # a negative sum tells the combine to leave the row unwritten
-            part_ml[t, hk * G + tid, 0, 1] = -1.0
-        return
-    smem = cuda.shared.array(SMEM_WORDS, float32)
-    g, d = tid // D, tid % D  # item e's (head, dim), stepped, not divided, for each item
+@cuda.jit(device=True)
+def _stage_queries(smem, qv, G, D, scale, tid):
+    """qv (item i: e = tid + i THREADS of the block's G D query values, head e // D, dim
+    e % D: stepped, not divided) scaled into the Q region."""
+    g, d = tid // D, tid % D
     for i in range(Q_PER_THREAD):
         if g < G:
             smem[Q_AT + g * MAX_DIM + d] = qv[i] * scale
         g, d = g + THREADS // D, d + THREADS % D
         if d >= D:
             g, d = g + 1, d - D
-    shift = block_shift(bs)
-    # p @ V items e = tid, tid + THREADS, .. as (head, piece) = divmod(e, quads), stepped
-    # without dividing inside the split loop
-    g_first, r_first = tid // quads, tid % quads
-    g_step, r_step = THREADS // quads, THREADS % quads
-    for sp in range(z, n_splits, nz):
-        lo = sp * SPLIT
-        n_here = imin(n_keys - lo, SPLIT)
-        _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift)
-        cuda.syncthreads()
-        for g0 in range(0, G, WARPS):  # block-uniform trip count: every warp reduces alike
-            g = g0 + w
-            score = NEG_INF
-            if g < G and lane < n_here:
-                score = _score(smem, Q_AT + g * MAX_DIM, lane, D)
-            m = warp_max(score)
-            p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
-            l = warp_sum(p)
-            if g < G:
-                smem[P_AT + g * SPLIT + lane] = p
-                if lane == 0:
-                    smem[M_AT + g] = m
-                    smem[L_AT + g] = l
-        cuda.syncthreads()
-        g, r = g_first, r_first
-        while g < G:
-            d = 4 * r
-            a0, a1, a2, a3 = _weighted_columns(smem, P_AT + g * SPLIT, d)
-            h = hk * G + g
-            part_acc[t, h, sp, d] = a0
-            part_acc[t, h, sp, d + 1] = a1
-            part_acc[t, h, sp, d + 2] = a2
-            part_acc[t, h, sp, d + 3] = a3
-            if d == 0:
-                part_ml[t, h, sp, 0] = smem[M_AT + g]
-                part_ml[t, h, sp, 1] = smem[L_AT + g]
-            g, r = g + g_step, r + r_step
-            if r >= quads:
-                g, r = g + 1, r - quads
-        cuda.syncthreads()  # K, V, P, M and L all read before the next split's loads
+
+
+@cuda.jit(device=True)
+def _rope_head(x0, x1, x2, x3, w0, w1, w2, w3, c0, s0, c1, s1, lane, D, eps, has_norm, turn):
+    """One head of D = 32 n values (n = 1, 2 or 4) held by a warp, lane l dims l, 32 + l, ..
+    (x0 .. x3), normed (weights w0 .. w3 at the same dims) and rotated as qkv_rope does it:
+    its sums (32 dims by warp_sum, then in order) and its expressions, so its bits. c0, s0
+    (c1, s1): cos and sin of the pair of x0 (x1) for D > 32; for D = 32, of lane % 16's.
+    Every lane of the warp calls it (warp_sum)."""
+    n = D // 32
+    if has_norm:
+        ss = warp_sum(x0 * x0)
+        if n > 1:
+            ss += warp_sum(x1 * x1)
+        if n > 2:
+            ss += warp_sum(x2 * x2)
+            ss += warp_sum(x3 * x3)
+        inv = head_inv_rms(ss, D, eps)
+        x0, x1, x2, x3 = w0 * (x0 * inv), w1 * (x1 * inv), w2 * (x2 * inv), w3 * (x3 * inv)
+    if not turn:
+        return x0, x1, x2, x3
+    if n == 1:  # dim l pairs with l + 16: the lane 16 away
+        return rotated(x0, lane_xor16(x0), c0, s0, lane < 16), x1, x2, x3
+    if n == 2:  # dim l pairs with 32 + l: the same lane
+        return rotated(x0, x1, c0, s0, True), rotated(x1, x0, c0, s0, False), x2, x3
+    return (rotated(x0, x2, c0, s0, True), rotated(x1, x3, c1, s1, True),
+            rotated(x2, x0, c0, s0, False), rotated(x3, x1, c1, s1, False))  # fmt: skip
+
+
+@cuda.jit(device=True)
+def _head_values(a, t, at, lane, n):
+    """a[t, at + lane + 32 c] for c < n (n = 1, 2 or 4), else 0."""
+    z = np.float32(0.0)
+    x0 = a[t, at + lane]
+    x1 = a[t, at + 32 + lane] if n > 1 else z
+    x2 = a[t, at + 64 + lane] if n > 2 else z
+    x3 = a[t, at + 96 + lane] if n > 2 else z
+    return x0, x1, x2, x3
+
+
+@cuda.jit(device=True)
+def _weight_values(a, lane, n):
+    """a[lane + 32 c] for c < n (n = 1, 2 or 4), else 0."""
+    z = np.float32(0.0)
+    x1 = a[32 + lane] if n > 1 else z
+    x2 = a[64 + lane] if n > 2 else z
+    x3 = a[96 + lane] if n > 2 else z
+    return a[lane], x1, x2, x3
+
+
+def _split_kernel_for(rope: bool):
+    """The split kernel (module docstring); with rope it reads q from qkv and does qkv_rope's
+    work for its row first (rope_attention)."""
+
+    @cuda.jit(cache=True, **_REGISTERS)
+    def kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, part_acc,
+               part_ml, slot_mapping, positions, cos_sin, q_norm, k_norm, eps,
+               has_norm):  # fmt: skip
+        grid_dependency_sync()
+        t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
+        tid = cuda.threadIdx.x
+        w, lane = tid // 32, tid % 32
+        num_blocks, bs, Hk, D = k_cache.shape
+        Hq = part_acc.shape[1]
+        G = Hq // Hk
+        quads = D // 4  # four-column pieces of a head
+        # The queries go in the same trip to memory as the row's metadata (they do not depend
+        # on it); q is [T, Hq * D] (or qkv, whose first Hq * D columns are q), so this kv
+        # head's G query heads are one run of G * D values.
+        qv = cuda.local.array(Q_PER_THREAD, float32)
+        if rope:  # a head per warp (_rope_head): the first round's (query head w, or the new
+            # key for w = G, its v and norm weights too) and the row's position and slot
+            n = D // 32
+            is_key = w == G
+            at = (Hq + hk if is_key else hk * G + w) * D
+            zero = np.float32(0.0)
+            x = v = nw = (zero, zero, zero, zero)
+            if w <= G:
+                x = _head_values(q, t, at, lane, n)
+                if has_norm:
+                    nw = _weight_values(k_norm if is_key else q_norm, lane, n)
+            if is_key:
+                v = _head_values(q, t, at + Hk * D, lane, n)
+            pos, slot = positions[t], slot_mapping[t]
+            turn = 0 <= pos < cos_sin.shape[0]  # padding or a bad position: not rotated
+            c0 = s0 = c1 = s1 = np.float32(0.0)
+            if turn:  # the cos and sin of this lane's pairs (_rope_head)
+                i = lane % 16 if n == 1 else lane
+                c0, s0 = cos_sin[pos, i], cos_sin[pos, D // 2 + i]
+                if n > 2:
+                    c1, s1 = cos_sin[pos, 32 + lane], cos_sin[pos, D // 2 + 32 + lane]
+        else:
+            for i in range(Q_PER_THREAD):
+                e = tid + i * THREADS
+                if e < G * D:
+                    qv[i] = q[t, hk * G * D + e]
+        s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
+        n_splits = (n_keys + SPLIT - 1) // SPLIT
+        if s < 0 or z >= n_splits:
+            return
+        smem = cuda.shared.array(SMEM_WORDS, float32)
+        shift = block_shift(bs)
+        if rope:
+            if query_start_loc[s + 1] - query_start_loc[s] != 1:  # not a one-token row
+                if z == 0 and tid < G:  # a negative sum: the combine leaves the row unwritten
+                    part_ml[t, hk * G + tid, 0, 1] = -1.0
+                return
+            # the first split's block-table entry is read after the work below: into L1 now
+            prefetch_l1(block_tables, s, (z * SPLIT) >> shift if shift >= 0 else z * SPLIT // bs)
+            writer = (n_splits - 1) % nz == z  # the block whose splits hold the new key
+            for g0 in range(0, G + 1, WARPS):  # block-uniform: every warp reduces alike
+                g = g0 + w
+                if g0 > 0:  # later rounds (G >= WARPS) load their heads now
+                    x = (zero, zero, zero, zero)
+                    if g <= G:
+                        at = (Hq + hk if g == G else hk * G + g) * D
+                        x = _head_values(q, t, at, lane, n)
+                        if g == G:
+                            v = _head_values(q, t, at + Hk * D, lane, n)
+                        if has_norm:
+                            nw = _weight_values(k_norm if g == G else q_norm, lane, n)
+                x = _rope_head(x[0], x[1], x[2], x[3], nw[0], nw[1], nw[2], nw[3], c0, s0, c1, s1,
+                               lane, D, eps, has_norm, turn)  # fmt: skip
+                if g < G:
+                    for c in range(4):
+                        if c < n:
+                            smem[Q_AT + g * MAX_DIM + 32 * c + lane] = x[c] * scale
+                elif g == G and writer:
+                    blk, off = _slot_of_slot(slot, bs, shift)
+                    stored = 0 <= slot < num_blocks * bs  # padding or outside: not written
+                    for c in range(4):
+                        if c < n:
+                            d = 32 * c + lane
+                            if stored:
+                                kv_store(k_cache, blk, off, hk, d, x[c])
+                                kv_store(v_cache, blk, off, hk, d, v[c])
+                            smem[NEW_K_AT + d] = kv_rounded(k_cache, x[c])
+                            smem[NEW_V_AT + d] = kv_rounded(v_cache, v[c])
+        else:
+            _stage_queries(smem, qv, G, D, scale, tid)
+        # p @ V items e = tid, tid + THREADS, .. as (head, piece) = divmod(e, quads), stepped
+        # without dividing inside the split loop
+        g_first, r_first = tid // quads, tid % quads
+        g_step, r_step = THREADS // quads, THREADS % quads
+        for sp in range(z, n_splits, nz):
+            lo = sp * SPLIT
+            n_here = imin(n_keys - lo, SPLIT)
+            bad = _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D,
+                              smem, shift)  # fmt: skip
+            if cuda.syncthreads_or(bad):  # a negative sum: the combine leaves the row unwritten
+                if tid < G:
+                    part_ml[t, hk * G + tid, sp, 1] = -1.0
+                continue
+            if rope and sp == n_splits - 1:  # the new key as the cache now holds it: the
+                if tid < D:  # loads above may have read that slot before the store
+                    at = (n_keys - 1 - lo) * ROW + tid
+                    smem[K_AT + at] = smem[NEW_K_AT + tid]
+                    smem[V_AT + at] = smem[NEW_V_AT + tid]
+                cuda.syncthreads()
+            for g0 in range(0, G, WARPS):  # block-uniform trip count: every warp reduces alike
+                g = g0 + w
+                score = NEG_INF
+                if g < G and lane < n_here:
+                    score = _score(smem, Q_AT + g * MAX_DIM, lane, D)
+                m = warp_max(score)
+                p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
+                l = warp_sum(p)
+                if g < G:
+                    smem[P_AT + g * SPLIT + lane] = p
+                    if lane == 0:
+                        smem[M_AT + g] = m
+                        smem[L_AT + g] = l
+            cuda.syncthreads()
+            g, r = g_first, r_first
+            while g < G:
+                d = 4 * r
+                a0, a1, a2, a3 = _weighted_columns(smem, P_AT + g * SPLIT, d)
+                h = hk * G + g
+                part_acc[t, h, sp, d] = a0
+                part_acc[t, h, sp, d + 1] = a1
+                part_acc[t, h, sp, d + 2] = a2
+                part_acc[t, h, sp, d + 3] = a3
+                if d == 0:
+                    part_ml[t, h, sp, 0] = smem[M_AT + g]
+                    part_ml[t, h, sp, 1] = smem[L_AT + g]
+                g, r = g + g_step, r + r_step
+                if r >= quads:
+                    g, r = g + 1, r - quads
+            cuda.syncthreads()  # K, V, P, M and L all read before the next split's loads
+
+    return kernel
+
+
+_split_kernel = _split_kernel_for(False)
+_split_rope_kernel = _split_kernel_for(True)
 
 
 @cuda.jit(cache=True)
@@ -319,10 +483,10 @@ def _combine_kernel(part_acc, part_ml, block_tables, seq_lens, query_start_loc, 
                 part_ml[t, h, sp, 1],
                 part_acc[t, h, sp, tid],
             )
-        if sp0 == 0 and pl[0] < 0:
-            return  # the split kernel found a block-table entry outside the cache
         for u in range(8):
             if sp0 + u < n:
+                if pl[u] < 0:
+                    return  # the split kernel found a block-table entry outside the cache
                 m, l, a = _fold(m, l, a, pm[u], pl[u], pa[u])
     out[t, h, tid] = a / l
 
@@ -340,31 +504,88 @@ def make_scratch(rows: int, num_heads: int, head_dim: int, max_positions: int, *
     )
 
 
+def _fits_scratch(scratch, T: int, Hq: int, D: int) -> bool:
+    return (
+        scratch is not None
+        and T <= scratch[0].shape[0]
+        and scratch[0].shape[1:] == (Hq, scratch[0].shape[2], D)
+    )
+
+
+def _launch(kernel, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+            scratch, rope_args, stream) -> None:  # fmt: skip
+    """The split kernel over one block per (row, kv head, z), then the combine."""
+    T, Hq, D = out.shape
+    Hk, bs = k_cache.shape[2], k_cache.shape[1]
+    part_acc, part_ml = scratch[0][:T], scratch[1][:T]
+    # enough blocks to fill the GPU, each looping over splits z, z + nz, ...: with one block
+    # per split of the longest context, a batch of short rows launches mostly empty blocks
+    nz = min(part_acc.shape[2], max(1, -(-TARGET_BLOCKS // (T * Hk))))
+    kernel[(T, Hk, nz), THREADS, stream](q, k_cache, v_cache, block_tables, seq_lens,
+                                         query_start_loc, np.float32(scale), part_acc, part_ml,
+                                         *rope_args)  # fmt: skip
+    _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](
+        part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out
+    )
+
+
 def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
                     scratch, *, stream=0) -> None:  # fmt: skip
     """As attention.paged_attention (its launcher has checked the arguments); scratch is
     make_scratch's pair or None (then, and for steps of more rows than it holds, the prefill
     kernel runs)."""
     T, Hq, D = q.shape
-    Hk, bs = k_cache.shape[2], k_cache.shape[1]
-    if (
-        scratch is None
-        or T > scratch[0].shape[0]
-        or scratch[0].shape[1:] != (Hq, scratch[0].shape[2], D)
-    ):
+    if not _fits_scratch(scratch, T, Hq, D):
         from vtllm.kernels.cuda.attention_prefill import prefill_attention
 
         prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                           out, stream=stream)  # fmt: skip
         return
-    part_acc, part_ml = scratch[0][:T], scratch[1][:T]
-    # enough blocks to fill the GPU, each looping over splits z, z + nz, ...: with one block
-    # per split of the longest context, a batch of short rows launches mostly empty blocks
-    nz = min(part_acc.shape[2], max(1, -(-TARGET_BLOCKS // (T * Hk))))
-    q2 = q.reshape(T, Hq * D)
-    _split_kernel[(T, Hk, nz), THREADS, stream](q2, k_cache, v_cache, block_tables, seq_lens,
-                                                query_start_loc, np.float32(scale), part_acc,
-                                                part_ml)  # fmt: skip
-    _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](
-        part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out
+    i32, f32 = placeholder(np.int32), placeholder(np.float32)
+    no_rope = (i32, i32, placeholder(np.float32, 2), f32, f32, np.float32(0.0), False)
+    _launch(_split_kernel, q.reshape(T, Hq * D), k_cache, v_cache, block_tables, seq_lens,
+            query_start_loc, scale, out, scratch, no_rope, stream)  # fmt: skip
+
+
+def fuses_rope(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether rope_attention takes this shape: split attention's, with heads of whole warps
+    that divide the block (each thread then holds one dim of every head it touches)."""
+    return (
+        supports(num_heads, num_kv_heads, head_dim)
+        and head_dim % 32 == 0
+        and THREADS % head_dim == 0  # so a power of two
     )
+
+
+def rope_attention(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, block_tables,
+                   seq_lens, query_start_loc, scale, out, scratch, *, q_norm=None, k_norm=None,
+                   stream=0) -> None:  # fmt: skip
+    """qkv_rope.qkv_rope then attention.paged_attention in one kernel (and the combine), for
+    steps in which every sequence has one new token: each block norms and rotates its own
+    query heads from qkv [T, (Hq + 2 Hk) D], and the block that reads a row's newest key
+    makes that key (norm, rotation) and writes it and the row's v into the cache first. The
+    same code on the same values as the two kernels: the same q, cache and out bits. Rows of
+    a sequence with more new tokens are left unwritten in out (their keys would come from
+    other blocks: the two kernels serve such steps). scratch: make_scratch's pair with at
+    least T rows. Arguments as those of the two functions; out [T, Hq, D]."""
+    from vtllm.kernels.cuda.attention import check_attention
+    from vtllm.kernels.cuda.qkv_rope import check_qkv_rope
+
+    check_attention("rope_attention", out, out, k_cache, v_cache, block_tables, seq_lens,
+                    query_start_loc)  # fmt: skip
+    has_norm = check_qkv_rope("rope_attention", qkv, out, k_cache, v_cache, slot_mapping,
+                              positions, cos_sin, q_norm, k_norm)  # fmt: skip
+    T, Hq, D = out.shape
+    if not fuses_rope(Hq, k_cache.shape[2], D):
+        raise ValueError(f"rope_attention: {Hq} heads over {k_cache.shape[2]} kv heads of "
+                         f"{D} dims are not supported (fuses_rope)")  # fmt: skip
+    if not _fits_scratch(scratch, T, Hq, D):
+        raise ValueError(f"rope_attention: scratch must be make_scratch's pair for at least "
+                         f"{T} rows of {Hq} heads of {D} dims")  # fmt: skip
+    if T == 0 or seq_lens.shape[0] == 0:
+        return
+    if not has_norm:
+        q_norm = k_norm = placeholder(np.float32)  # never read
+    rope = (slot_mapping, positions, cos_sin, q_norm, k_norm, np.float32(eps), has_norm)
+    _launch(_split_rope_kernel, qkv, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+            scale, out, scratch, rope, stream)  # fmt: skip

@@ -12,12 +12,28 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from vtllm.kernels.cuda._device import MAX_WARPS, block_sum
+from vtllm.kernels.cuda._device import MAX_WARPS, block_sum, fma32
 from vtllm.kernels.cuda._host import check
 from vtllm.kernels.cuda._kv_cache import check_kv, kv_store
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 MAX_DIM = 1024
+
+
+@cuda.jit(device=True)
+def head_inv_rms(ss, D, eps):
+    """1 / rms of a head of D values whose squares sum to ss."""
+    return np.float32(1.0) / math.sqrt(ss / np.float32(D) + eps)
+
+
+@cuda.jit(device=True)
+def rotated(x, partner, c, s, lower):
+    """x rotated with its partner (NeoX layout: dim i < D / 2 pairs with i + D / 2, lower says
+    x is the first of the pair); c, s: cos and sin of the pair's angle. One expression for
+    every kernel that rotates, so they give the same bits: the fused multiply-add is written
+    out, since where the compiler contracts `x * c + y` by itself depends on the code around
+    it (lower known at compile time or not)."""
+    return fma32(x, c, -(partner * s)) if lower else fma32(x, c, partner * s)
 
 
 @cuda.jit(cache=True)
@@ -35,7 +51,7 @@ def _qkv_rope_kernel(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin,
     x = qkv[t, j * D + tid] if tid < D else np.float32(0.0)
     if has_norm:
         ss = block_sum(x * x, scratch)
-        inv = np.float32(1.0) / math.sqrt(ss / np.float32(D) + eps)
+        inv = head_inv_rms(ss, D, eps)
         if tid < D:
             x = (q_norm[tid] if is_q else k_norm[tid]) * (x * inv)
     row[tid] = x
@@ -44,7 +60,7 @@ def _qkv_rope_kernel(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin,
     if tid < D and 0 <= p < cos_sin.shape[0]:  # padding (-1) or a bad position: not rotated
         i = tid % half
         c, s = cos_sin[p, i], cos_sin[p, half + i]
-        x = x * c - row[tid + half] * s if tid < half else x * c + row[tid - half] * s
+        x = rotated(x, row[tid + half] if tid < half else row[tid - half], c, s, tid < half)
     if tid >= D:
         return
     if is_q:
@@ -56,31 +72,42 @@ def _qkv_rope_kernel(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin,
         kv_store(v_cache, slot // bs, slot % bs, h, tid, qkv[t, (Hq + Hk + h) * D + tid])
 
 
+def check_qkv_rope(op, qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, q_norm,
+                   k_norm) -> bool:  # fmt: skip
+    """qkv_rope's checks of its arguments against q [T, Hq, D] (checked by the caller), under
+    the name op; returns whether the norms are applied."""
+    T, Hq, D = q.shape
+    check(op, "qkv", qkv, np.float32, 2)
+    check_kv(op, k_cache, v_cache)
+    Hk = k_cache.shape[2]
+    if qkv.shape != (T, (Hq + 2 * Hk) * D) or k_cache.shape[3] != D or D % 2 or D > MAX_DIM:
+        raise ValueError(
+            f"{op}: qkv {qkv.shape}, q {q.shape} and k_cache {k_cache.shape} do not fit"
+        )
+    check(op, "slot_mapping", slot_mapping, np.int32, 1, (T,))
+    check(op, "positions", positions, np.int32, 1, (T,))
+    check(op, "cos_sin", cos_sin, np.float32, 2)
+    if cos_sin.shape[1] != D:
+        raise ValueError(f"{op}: cos_sin must be [max_pos, {D}], got {cos_sin.shape}")
+    has_norm = q_norm is not None and k_norm is not None
+    if has_norm:
+        check(op, "q_norm", q_norm, np.float32, 1, (D,))
+        check(op, "k_norm", k_norm, np.float32, 1, (D,))
+    return has_norm
+
+
 def qkv_rope(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, *, q_norm=None,
              k_norm=None, stream=0) -> None:  # fmt: skip
     """From qkv [T, (Hq + 2 Hk) D] float32: q [T, Hq, D] <- rope(norm(q heads)), and the cache
     rows k_cache / v_cache [num_blocks, block_size, Hk, D] at slot_mapping[t] <- rope(norm(k
     heads)) and the v heads (float32 caches, or bf16 bits as uint16: rounded to nearest even).
     Norms (weights [D]) are applied when both are given."""
-    check("qkv_rope", "qkv", qkv, np.float32, 2)
     check("qkv_rope", "q", q, np.float32, 3)
+    has_norm = check_qkv_rope("qkv_rope", qkv, q, k_cache, v_cache, slot_mapping, positions,
+                              cos_sin, q_norm, k_norm)  # fmt: skip
     T, Hq, D = q.shape
-    check_kv("qkv_rope", k_cache, v_cache)
     Hk = k_cache.shape[2]
-    if qkv.shape != (T, (Hq + 2 * Hk) * D) or k_cache.shape[3] != D or D % 2 or D > MAX_DIM:
-        raise ValueError(
-            f"qkv_rope: qkv {qkv.shape}, q {q.shape} and k_cache {k_cache.shape} do not fit"
-        )
-    check("qkv_rope", "slot_mapping", slot_mapping, np.int32, 1, (T,))
-    check("qkv_rope", "positions", positions, np.int32, 1, (T,))
-    check("qkv_rope", "cos_sin", cos_sin, np.float32, 2)
-    if cos_sin.shape[1] != D:
-        raise ValueError(f"qkv_rope: cos_sin must be [max_pos, {D}], got {cos_sin.shape}")
-    has_norm = q_norm is not None and k_norm is not None
-    if has_norm:
-        check("qkv_rope", "q_norm", q_norm, np.float32, 1, (D,))
-        check("qkv_rope", "k_norm", k_norm, np.float32, 1, (D,))
-    else:
+    if not has_norm:
         q_norm = k_norm = cos_sin[0]  # never read
     if T == 0:
         return

@@ -9,12 +9,15 @@ and ptxas on PATH (the CUDA toolkit's, /usr/local/cuda/bin). Then, from the repo
     PATH=$PATH:$(echo /tmp/kvenv/lib/python3*/site-packages/nvidia/cu13/bin) \
     PYTHONPATH=$PWD /tmp/kvenv/bin/python tools/kernel_report.py \
         vtllm/kernels/cuda/attention_split.py _split_kernel \
-        "(float32[:,:,::1], float32[:,:,:,::1], float32[:,:,:,::1], int32[:,::1], int32[::1], \
-          int32[::1], float32, float32[:,:,:,::1], float32[:,:,:,::1])" --max-registers 128 \
+        "(float32[:,::1], float32[:,:,:,::1], float32[:,:,:,::1], int32[:,::1], int32[::1], \
+          int32[::1], float32, float32[:,:,:,::1], float32[:,:,:,::1], int32[::1], int32[::1], \
+          float32[:,::1], float32[::1], float32[::1], float32, boolean)" --max-registers 128 \
         [--sass OUT.sass]
-prints ptxas's resource line (registers, stack frame, spill bytes, shared memory) and, with
---sass, writes the disassembly (count LDS / HMMA / CALL in it: a CALL in an inner loop is
-usually a 64-bit integer division). The register cap must be the kernel's own max_registers.
+prints ptxas's resource line (registers, stack frame, spill bytes, shared memory), the number
+of SASS instructions (16 bytes each: a kernel that runs most of them once, as the small decode
+kernels do, may wait on fetching them; BENCHMARKS.md) and, with --sass, writes the
+disassembly (count LDS / HMMA / CALL in it: a CALL in an inner loop is usually a 64-bit
+integer division). The register cap must be the kernel's own max_registers.
 --mma-loop counts the instructions of the tensor-core main loop (the backward branch whose
 body holds HMMA) on its common path: without the basic blocks that store to shared memory or
 reset 16+ registers at once (gemm_mma's residue-class fold, once per class).
@@ -104,9 +107,10 @@ def main():
         )
         if done.returncode:
             sys.exit(done.stderr)
-        if args.sass or args.mma_loop:
-            sass = subprocess.run(["cuobjdump", "-sass", f"{tmp}/k.cubin"], capture_output=True,
-                                  text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run(["cuobjdump", "-sass", f"{tmp}/k.cubin"], capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
+        n = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[^;]*;", sass))
+        print(f"SASS: {n} instructions ({16 * n / 1024:.0f} KiB of code)")
         if args.sass:
             with open(args.sass, "w") as f:
                 f.write(sass)

@@ -47,11 +47,11 @@ def decode_step(rng, hk, d, contexts, kv):
     return k_cache, v_cache, meta
 
 
-def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta, qkv=None):
-    """(out, k cache, v cache) from qkv_rope + paged_attention and from rope_attention."""
+def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta):
+    """(out, k cache, v cache) from qkv_rope + paged_attention and from rope_attention, on one
+    random qkv, rope table and norm weights."""
     t = meta["slot_mapping"].shape[0]
-    if qkv is None:
-        qkv = rng.standard_normal((t, (hq + 2 * hk) * d)).astype(np.float32)
+    qkv = rng.standard_normal((t, (hq + 2 * hk) * d)).astype(np.float32)
     cos_sin = rng.uniform(-1, 1, (MAX_POS, d)).astype(np.float32)
     norms = {}
     if norm:

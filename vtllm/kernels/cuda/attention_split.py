@@ -53,8 +53,8 @@ from vtllm.kernels.cuda._host import placeholder
 from vtllm.kernels.cuda._kv_cache import kv_rounded, kv_store, kv_value4
 from vtllm.kernels.cuda._ptx import grid_dependency_sync, prefetch_l1
 from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_shared_f32x4
-from vtllm.kernels.cuda.attention import _sequence_of
-from vtllm.kernels.cuda.qkv_rope import head_inv_rms, rotated
+from vtllm.kernels.cuda.attention import _sequence_of, check_attention
+from vtllm.kernels.cuda.qkv_rope import check_qkv_rope, head_inv_rms, rotated
 
 SPLIT = 32  # keys per split: one per lane in the score phase
 WARPS = 4
@@ -333,7 +333,6 @@ def _split_kernel_for(rope: bool):
         # The queries go in the same trip to memory as the row's metadata (they do not depend
         # on it); q is [T, Hq * D] (or qkv, whose first Hq * D columns are q), so this kv
         # head's G query heads are one run of G * D values.
-        qv = cuda.local.array(Q_PER_THREAD, float32)
         if rope:  # a head per warp (_rope_head): the first round's (query head w, or the new
             # key for w = G, its v and norm weights too) and the row's position and slot
             n = D // 32
@@ -356,6 +355,7 @@ def _split_kernel_for(rope: bool):
                 if n > 2:
                     c1, s1 = cos_sin[pos, 32 + lane], cos_sin[pos, D // 2 + 32 + lane]
         else:
+            qv = cuda.local.array(Q_PER_THREAD, float32)
             for i in range(Q_PER_THREAD):
                 e = tid + i * THREADS
                 if e < G * D:
@@ -568,9 +568,6 @@ def rope_attention(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps,
     a sequence with more new tokens are left unwritten in out (their keys would come from
     other blocks: the two kernels serve such steps). scratch: make_scratch's pair with at
     least T rows. Arguments as those of the two functions; out [T, Hq, D]."""
-    from vtllm.kernels.cuda.attention import check_attention
-    from vtllm.kernels.cuda.qkv_rope import check_qkv_rope
-
     check_attention("rope_attention", out, out, k_cache, v_cache, block_tables, seq_lens,
                     query_start_loc)  # fmt: skip
     has_norm = check_qkv_rope("rope_attention", qkv, out, k_cache, v_cache, slot_mapping,

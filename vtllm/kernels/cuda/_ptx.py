@@ -15,6 +15,9 @@
       about 2^-17 relative (`cvt.rn.bf16x2.f32` twice, two subtractions).
   load_f32x2(a, row, col): a[row, col] and a[row, col + 1] in one 64-bit load; col even and
       the row start 8-byte aligned.
+  item_at(a, i): the item at flat offset i of a C-contiguous array: no negative-index fix-up
+      and no chain of 64-bit multiplies (numba's indexing does both, per index), for a
+      kernel that works out a row's offset once.
   prefetch_l1(a, row, col): brings the line of a[row, col] into L1 (`prefetch.global.L1`), so
       that a later load of it (one that waits on other work first) hits there.
   copy_async_commit(): closes the group of this thread's cp.async copies (_ptx_shared's
@@ -58,6 +61,9 @@ if SIMULATOR:
         return a[row, col], a[row, col + 1]
 
     load_u32x2 = load_f32x2
+
+    def item_at(a, i):
+        return a[np.unravel_index(i, a.shape)]
 
     def prefetch_l1(a, row, col):
         pass
@@ -197,6 +203,19 @@ else:
             return sig, codegen
 
         return statement
+
+    @intrinsic
+    def item_at(typingctx, a, i):
+        if not isinstance(i, types.Integer):
+            return None
+        sig = a.dtype(a, i)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            at = context.cast(builder, args[1], sig.args[1], types.int64)
+            return builder.load(builder.gep(ary.data, [at]))
+
+        return sig, codegen
 
     @intrinsic
     def prefetch_l1(typingctx, a, row, col):

@@ -5,6 +5,9 @@ and four bank passes where one 128-bit access takes one per eight lanes). The KV
 
   shared_f32x4(s, i): s[i .. i + 3] of a 1-D shared array (`ld.shared.v4.f32`); i % 4 == 0.
   store_shared_f32x4(s, i, v0, v1, v2, v3): s[i .. i + 3] = v0 .. v3 (`st.shared.v4.f32`).
+  store_f32x4(a, index, v0, v1, v2, v3): a[index] .. (the last index + 3) = v0 .. v3 for a
+      float32 array in global memory, index a tuple (i, .., d), d % 4 == 0 and the row start
+      16-byte aligned (`st.global.v4.f32`): one address computation and one store, not four.
   The shared accesses address s[i] as a 32-bit shared-window address: the array's base is
   converted once (it does not change in a loop, so the conversion is hoisted) and 4 i added in
   32 bits, where a 64-bit generic pointer per access, converted inside the access, cost about
@@ -23,12 +26,17 @@ if SIMULATOR:
     def store_shared_f32x4(s, i, v0, v1, v2, v3):
         s[i], s[i + 1], s[i + 2], s[i + 3] = v0, v1, v2, v3
 
+    def store_f32x4(a, index, v0, v1, v2, v3):
+        *head, d = index
+        for u, v in enumerate((v0, v1, v2, v3)):
+            a[(*head, d + u)] = v
+
 else:
     from llvmlite import ir
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
-    from vtllm.kernels.cuda._ptx import _cast_all
+    from vtllm.kernels.cuda._ptx import _cast_all, _pointer_at
     from vtllm.kernels.cuda._ptx_shared import shared_address
 
     _F32, _I32 = ir.FloatType(), ir.IntType(32)
@@ -59,6 +67,24 @@ else:
             text = "st.shared.v4.f32 [$0], {$1,$2,$3,$4};"
             fnty = ir.FunctionType(ir.VoidType(), [_I32] + [_F32] * 4)
             builder.call(ir.InlineAsm(fnty, text, "r,f,f,f,f", side_effect=True), [addr] + vals)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def store_f32x4(typingctx, a, index, v0, v1, v2, v3):
+        if not isinstance(index, types.BaseTuple) or len(index) != a.ndim:
+            return None
+        sig = types.void(a, index, v0, v1, v2, v3)
+
+        def codegen(context, builder, sig, args):
+            parts = [builder.extract_value(args[1], n) for n in range(len(sig.args[1]))]
+            ptr = _pointer_at(context, builder, (sig.args[0], *sig.args[1]), [args[0], *parts])
+            vals = _cast_all(context, builder, args[2:], sig.args[2:], types.float32)
+            text = "st.global.v4.f32 [$0], {$1,$2,$3,$4};"
+            fnty = ir.FunctionType(ir.VoidType(), [ptr.type] + [_F32] * 4)
+            builder.call(ir.InlineAsm(fnty, text, "l,f,f,f,f,~{memory}", side_effect=True),
+                         [ptr] + vals)  # fmt: skip
             return context.get_dummy_value()
 
         return sig, codegen

@@ -42,12 +42,14 @@ else:
     def shared_address(context, builder, aryty, ary_value, index_type, index_value):
         """32-bit shared-window address of s[i], s a 1-D shared array of 4-byte items (numba
         hands it around as a generic pointer; the cast back to the shared window is pure, so
-        LLVM hoists it out of loops)."""
+        LLVM hoists it out of loops). Taken as an element offset from the base pointer, not
+        base + 4 i: the constant part of i then ends up as the load's immediate offset, where
+        (i + c) * 4 cost two integer instructions per access (H200: decode attention ~10%,
+        the prefill GEMM ~11% faster; BENCHMARKS.md)."""
         ary = context.make_array(aryty)(context, builder, ary_value)
         shared = builder.addrspacecast(ary.data, ir.PointerType(ary.data.type.pointee, 3))
-        base = builder.trunc(builder.ptrtoint(shared, ir.IntType(64)), _I32)
-        i = builder.trunc(context.cast(builder, index_value, index_type, types.int64), _I32)
-        return builder.add(base, builder.shl(i, ir.Constant(_I32, 2)))
+        i = context.cast(builder, index_value, index_type, types.int64)
+        return builder.trunc(builder.ptrtoint(builder.gep(shared, [i]), ir.IntType(64)), _I32)
 
     def _shared_load(n: int):
         """The codegen of an n-word vector load (`ld.shared.v<n>.u32`)."""

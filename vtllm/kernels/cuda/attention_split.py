@@ -50,9 +50,9 @@ from vtllm.kernels.cuda._device import (
     warp_sum,
 )
 from vtllm.kernels.cuda._host import placeholder
-from vtllm.kernels.cuda._kv_cache import kv_rounded, kv_store, kv_value4
-from vtllm.kernels.cuda._ptx import grid_dependency_sync, prefetch_l1
-from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_shared_f32x4
+from vtllm.kernels.cuda._kv_cache import kv_rounded, kv_store, kv_value4_at
+from vtllm.kernels.cuda._ptx import grid_dependency_sync, item_at, prefetch_l1
+from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_f32x4, store_shared_f32x4
 from vtllm.kernels.cuda.attention import _sequence_of, check_attention
 from vtllm.kernels.cuda.qkv_rope import check_qkv_rope, head_inv_rms, rotated
 
@@ -155,16 +155,9 @@ def block_shift(bs):
 
 
 @cuda.jit(device=True)
-def _slot_of(block_tables, s, j, bs, shift):
-    """(cache block, offset in it) of key j of sequence s."""
-    if shift >= 0:
-        return block_tables[s, j >> shift], j & (bs - 1)
-    return block_tables[s, j // bs], j % bs
-
-
-@cuda.jit(device=True)
 def _slot_of_slot(slot, bs, shift):
-    """(cache block, offset in it) of a slot (block * bs + offset)."""
+    """(slot // bs, slot % bs): a cache slot's block and offset, or a key position's
+    block-table entry and offset."""
     if shift >= 0:
         return slot >> shift, slot & (bs - 1)
     return slot // bs, slot % bs
@@ -187,18 +180,23 @@ def split_loader(warps: int, k_at: int, v_at: int):
         d = 4 * lane
         if d >= D:
             return 0
-        num_blocks, bs = k_cache.shape[0], k_cache.shape[1]
+        num_blocks, bs, Hk = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+        # a slot's K (and V) row is one run of Hk D values: this lane's 4 start at head_at
+        slot_values, head_at = np.int32(Hk * D), np.int32(hk * D + d)
         kr = cuda.local.array((keys_per_warp, 4), float32)
         vr = cuda.local.array((keys_per_warp, 4), float32)
         bad = 0
+        table_at = s * block_tables.shape[1]  # the sequence's row of the block table
         for i in range(keys_per_warp):
             jj = w + warps * i
-            j = lo + (jj if jj < n_here else 0)
-            blk, off = _slot_of(block_tables, s, j, bs, shift)
+            j = np.int32(lo + (jj if jj < n_here else 0))
+            e, off = _slot_of_slot(j, bs, shift)
+            blk = item_at(block_tables, table_at + e)
             if blk < 0 or blk >= num_blocks:
                 blk, bad = 0, 1
-            kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = kv_value4(k_cache, blk, off, hk, d)
-            vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = kv_value4(v_cache, blk, off, hk, d)
+            at = np.int32(blk * bs + off) * slot_values + head_at  # 64-bit: caches > 8 GB
+            kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = kv_value4_at(k_cache, at)
+            vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = kv_value4_at(v_cache, at)
         for i in range(keys_per_warp):
             at = (w + warps * i) * ROW + d
             store_shared_f32x4(smem, k_at + at, kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3])
@@ -241,15 +239,18 @@ def _weighted_columns(smem, p_at, d):
     """sum over the split's keys j of p[j] * V[j, d .. d + 3] (the row's p at p_at, a
     multiple of 4), keys in order; p read four at a time."""
     a0 = a1 = a2 = a3 = np.float32(0.0)
-    for j4 in range(0, SPLIT, 4):
-        ps = shared_f32x4(smem, p_at + j4)
+    v_at = V_AT + d
+    for _ in range(SPLIT // 4):  # running offsets: constant ones from them in a trip
+        ps = shared_f32x4(smem, p_at)
         for u in range(4):
             p = ps[u]
-            v0, v1, v2, v3 = shared_f32x4(smem, V_AT + (j4 + u) * ROW + d)
+            v0, v1, v2, v3 = shared_f32x4(smem, v_at + u * ROW)
             a0 += p * v0
             a1 += p * v1
             a2 += p * v2
             a3 += p * v3
+        p_at += 4
+        v_at += 4 * ROW
     return a0, a1, a2, a3
 
 
@@ -442,10 +443,7 @@ def _split_kernel_for(rope: bool):
                 d = 4 * r
                 a0, a1, a2, a3 = _weighted_columns(smem, P_AT + g * SPLIT, d)
                 h = hk * G + g
-                part_acc[t, h, sp, d] = a0
-                part_acc[t, h, sp, d + 1] = a1
-                part_acc[t, h, sp, d + 2] = a2
-                part_acc[t, h, sp, d + 3] = a3
+                store_f32x4(part_acc, (t, h, sp, d), a0, a1, a2, a3)
                 if d == 0:
                     part_ml[t, h, sp, 0] = smem[M_AT + g]
                     part_ml[t, h, sp, 1] = smem[L_AT + g]

@@ -7,12 +7,11 @@ array's dtype when a kernel is compiled (no branch at run time):
            exact float32 on the way out, so the kernels' math after the load is unchanged.
 
   kv_value(c, i, j, k, d): c[i, j, k, d] as float32.
-  kv_value4(c, i, j, k, d): c[i, j, k, d .. d + 3] as four float32 in one load (128-bit for
+  kv_value4_at(c, at): c[i, j, k, d .. d + 3] as four float32 in one load (128-bit for
       float32, 64-bit for bf16, `ld.global.nc`: the cache is not written while a kernel reads
-      it); the address must be aligned to the load's size.
-  kv_value4_at(c, at): the same at flat item offset at (((i * c.shape[1] + j) * c.shape[2] + k)
-      * c.shape[3] + d): a kernel that reads K and V of one slot computes the offset once, in
-      a few 32-bit operations, where each 4-D index costs a chain of 64-bit multiplies.
+      it), given as the flat item offset at = ((i * c.shape[1] + j) * c.shape[2] + k) *
+      c.shape[3] + d, aligned to the load's size: a kernel that reads K and V of one slot
+      works the offset out once, where each 4-D index costs a chain of 64-bit multiplies.
   kv_store(c, i, j, k, d, x): c[i, j, k, d] = x (rounded to bf16 for a uint16 cache,
       `cvt.rn.bf16.f32`).
   kv_rounded(c, x): the float32 that kv_value reads back after kv_store(c, .., x).
@@ -51,11 +50,9 @@ if SIMULATOR:
         x = c[i, j, k, d]
         return _bf16_value(x) if c.dtype == np.uint16 else np.float32(x)
 
-    def kv_value4(c, i, j, k, d):
-        return tuple(kv_value(c, i, j, k, d + u) for u in range(4))
-
     def kv_value4_at(c, at):
-        return kv_value4(c, *np.unravel_index(at, c.shape))
+        i, j, k, d = np.unravel_index(at, c.shape)
+        return tuple(kv_value(c, i, j, k, d + u) for u in range(4))
 
     def kv_store(c, i, j, k, d, x):
         c[i, j, k, d] = _round_bf16(x) if c.dtype == np.uint16 else x
@@ -94,17 +91,6 @@ else:
         return sig, codegen
 
     @intrinsic
-    def kv_value4(typingctx, c, i, j, k, d):
-        if c.dtype not in _STORAGE:
-            return None
-        sig = types.UniTuple(types.float32, 4)(c, i, j, k, d)
-
-        def codegen(context, builder, sig, args):
-            return _load4(context, builder, sig, _pointer_at(context, builder, sig.args, args))
-
-        return sig, codegen
-
-    @intrinsic
     def kv_value4_at(typingctx, c, at):
         if c.dtype not in _STORAGE or not isinstance(at, types.Integer):
             return None
@@ -113,22 +99,19 @@ else:
         def codegen(context, builder, sig, args):
             ary = context.make_array(sig.args[0])(context, builder, args[0])
             at = context.cast(builder, args[1], sig.args[1], types.int64)
-            return _load4(context, builder, sig, builder.gep(ary.data, [at]))
+            ptr = builder.gep(ary.data, [at])
+            if sig.args[0].dtype == types.float32:
+                text = "ld.global.nc.v4.f32 {$0,$1,$2,$3}, [$4];"
+                constraints = "=f,=f,=f,=f,l"
+                return _asm_tuple(context, builder, sig, text, constraints, _F32, [ptr.type], [ptr])
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 2), [ptr.type])
+            asm = ir.InlineAsm(fnty, "ld.global.nc.v2.b32 {$0,$1}, [$2];", "=r,=r,l")
+            words = builder.call(asm, [ptr])
+            parts = [*_bf16_pair(builder, builder.extract_value(words, 0))]
+            parts += _bf16_pair(builder, builder.extract_value(words, 1))
+            return context.make_tuple(builder, sig.return_type, parts)
 
         return sig, codegen
-
-    def _load4(context, builder, sig, ptr):
-        """kv_value4's load of the four values at ptr."""
-        if sig.args[0].dtype == types.float32:
-            text = "ld.global.nc.v4.f32 {$0,$1,$2,$3}, [$4];"
-            constraints = "=f,=f,=f,=f,l"
-            return _asm_tuple(context, builder, sig, text, constraints, _F32, [ptr.type], [ptr])
-        fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 2), [ptr.type])
-        asm = ir.InlineAsm(fnty, "ld.global.nc.v2.b32 {$0,$1}, [$2];", "=r,=r,l")
-        words = builder.call(asm, [ptr])
-        parts = [*_bf16_pair(builder, builder.extract_value(words, 0))]
-        parts += _bf16_pair(builder, builder.extract_value(words, 1))
-        return context.make_tuple(builder, sig.return_type, parts)
 
     @intrinsic
     def kv_store(typingctx, c, i, j, k, d, x):

@@ -1,7 +1,7 @@
 """128-bit float32 shared-memory loads and stores through inline PTX, for kernels that move rows
 of four floats (numba emits one 32-bit access per element; four of them cost four instructions
 and four bank passes where one 128-bit access takes one per eight lanes). The KV cache's
-128-bit global loads are _kv_cache.kv_value4.
+128-bit global loads are _kv_cache.kv_value4_at.
 
   shared_f32x4(s, i): s[i .. i + 3] of a 1-D shared array (`ld.shared.v4.f32`); i % 4 == 0.
   store_shared_f32x4(s, i, v0, v1, v2, v3): s[i .. i + 3] = v0 .. v3 (`st.shared.v4.f32`).

@@ -21,6 +21,9 @@ integer division). The register cap must be the kernel's own max_registers.
 --mma-loop counts the instructions of the tensor-core main loop (the backward branch whose
 body holds HMMA) on its common path: without the basic blocks that store to shared memory or
 reset 16+ registers at once (gemm_mma's residue-class fold, once per class).
+--loops lists every loop (backward branch) with its body's size and its memory and math
+instructions: the overhead per useful instruction of an inner loop at a glance (integer
+address math around shared loads, 64-bit counters of stepped ranges; BENCHMARKS.md).
 """
 
 import argparse
@@ -47,19 +50,47 @@ def _opcode(text: str) -> str:
     return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
 
 
+_BRANCH = re.compile(r"BRA .*?0x([0-9a-f]+)")
+
+
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, text) of every SASS instruction."""
+    return [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
+
+
+def _loop_bodies(ins: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
+    """The instructions from each backward branch's target to the branch, in code order."""
+    at = {a: k for k, (a, _) in enumerate(ins)}
+    bodies = []
+    for k, (a, t) in enumerate(ins):
+        m = _BRANCH.search(t)
+        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in at:
+            bodies.append(ins[at[int(m.group(1), 16)] : k + 1])
+    return bodies
+
+
+def loops(sass: str) -> str:
+    """One line per loop, as the module docstring says."""
+    lines = []
+    for body in _loop_bodies(_instructions(sass)):
+        ops = [_opcode(t) for _, t in body]
+        kinds = ("LDS", "LDG", "STS", "STG", "FFMA", "HMMA", "IMAD")
+        counts = [f"{op} {ops.count(op)}" for op in kinds if op in ops]
+        if local := ops.count("LDL") + ops.count("STL"):
+            counts.append(f"local {local}")
+        lines.append(f"loop {body[0][0]:#x}-{body[-1][0]:#x}: {len(ops)} instructions"
+                     + "".join(f", {c}" for c in counts))  # fmt: skip
+    return "\n".join(lines) or "no loops"
+
+
 def mma_loop(sass: str) -> str:
     """The main loop's common path, as the module docstring says."""
-    ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
-    at = {a: k for k, (a, _) in enumerate(ins)}
-    branch = re.compile(r"BRA .*?0x([0-9a-f]+)")
-    targets = {int(m.group(1), 16) for _, t in ins if (m := branch.search(t))}
+    ins = _instructions(sass)
+    targets = {int(m.group(1), 16) for _, t in ins if (m := _BRANCH.search(t))}
     loop = None
-    for k, (a, t) in enumerate(ins):
-        m = branch.search(t)
-        if m and int(m.group(1), 16) <= a and int(m.group(1), 16) in at:
-            body = ins[at[int(m.group(1), 16)] : k + 1]
-            if any("HMMA" in x for _, x in body):
-                loop = body
+    for body in _loop_bodies(ins):
+        if any("HMMA" in x for _, x in body):
+            loop = body
     if loop is None:
         return "no loop with HMMA"
     blocks, block = [], []
@@ -87,6 +118,7 @@ def main():
     p.add_argument("--max-registers", type=int)
     p.add_argument("--sass", help="write the disassembly here")
     p.add_argument("--mma-loop", action="store_true", help="count the main loop's instructions")
+    p.add_argument("--loops", action="store_true", help="list the loops and what is in them")
     args = p.parse_args()
     spec = importlib.util.spec_from_file_location("kernel_module", args.module)
     module = importlib.util.module_from_spec(spec)
@@ -116,6 +148,8 @@ def main():
                 f.write(sass)
         if args.mma_loop:
             print(mma_loop(sass))
+        if args.loops:
+            print(loops(sass))
 
 
 if __name__ == "__main__":

@@ -22,3 +22,24 @@ class QType(IntEnum):
 QK = 32  # weights per quantized block
 BLOCK_BYTES = {QType.Q4_0: 18, QType.Q4_1: 20, QType.Q8_0: 34}
 QUANTIZED = frozenset(BLOCK_BYTES)
+
+
+def check_attention_shapes(op, q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc):
+    """ValueError unless paged attention's arrays (either backend's: only shapes are read) fit
+    together: out like q [T, Hq, D], both caches [.., .., Hk, D] with Hk dividing Hq, one
+    block-table row and one seq_lens entry per sequence, query_start_loc one longer."""
+    s = seq_lens.shape[0]
+    if (
+        tuple(out.shape) != tuple(q.shape)
+        or tuple(v_cache.shape) != tuple(k_cache.shape)
+        or k_cache.shape[3] != q.shape[2]
+        or q.shape[1] % k_cache.shape[2]
+        or tuple(query_start_loc.shape) != (s + 1,)
+        or block_tables.shape[0] != s
+    ):
+        raise ValueError(
+            f"{op}: shapes do not match: q {q.shape}, out {out.shape}, "
+            f"k_cache {k_cache.shape}, v_cache {v_cache.shape}, block_tables "
+            f"{block_tables.shape}, seq_lens {seq_lens.shape}, query_start_loc "
+            f"{query_start_loc.shape}"
+        )

@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit, prange
 from numba.core import types
 
+from vtllm.kernels import check_attention_shapes
 from vtllm.kernels.cpu._simd import (
     carray,
     exp32,
@@ -283,23 +284,9 @@ def paged_attention(
     _check("paged_attention", "block_tables", block_tables, np.int32, 2)
     _check("paged_attention", "seq_lens", seq_lens, np.int32, 1)
     _check("paged_attention", "query_start_loc", query_start_loc, np.int32, 1)
-    t, hq, d = q.shape
-    hk = k_cache.shape[2]
-    s = seq_lens.shape[0]
-    if (
-        out.shape != q.shape
-        or v_cache.shape != k_cache.shape
-        or k_cache.shape[3] != d
-        or hq % hk
-        or query_start_loc.shape != (s + 1,)
-        or block_tables.shape[0] != s
-    ):
-        raise ValueError(
-            f"paged_attention: shapes do not match: q {q.shape}, out {out.shape}, "
-            f"k_cache {k_cache.shape}, v_cache {v_cache.shape}, block_tables "
-            f"{block_tables.shape}, seq_lens {seq_lens.shape}, query_start_loc "
-            f"{query_start_loc.shape}"
-        )
+    check_attention_shapes("paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens,
+                           query_start_loc)  # fmt: skip
+    t, s = q.shape[0], seq_lens.shape[0]
     if s == 0:
         return
     bad = _paged_attention_kernel(

@@ -20,6 +20,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from vtllm.kernels import check_attention_shapes
 from vtllm.kernels.cuda._device import (
     MAX_WARPS,
     NEG_INF,
@@ -156,22 +157,9 @@ def check_attention(op, q, out, k_cache, v_cache, block_tables, seq_lens, query_
     check(op, "block_tables", block_tables, np.int32, 2)
     check(op, "seq_lens", seq_lens, np.int32, 1)
     check(op, "query_start_loc", query_start_loc, np.int32, 1)
-    hq, d = q.shape[1], q.shape[2]
-    s = seq_lens.shape[0]
-    if (
-        tuple(out.shape) != tuple(q.shape)
-        or tuple(v_cache.shape) != tuple(k_cache.shape)
-        or k_cache.shape[3] != d
-        or hq % k_cache.shape[2]
-        or query_start_loc.shape != (s + 1,)
-        or block_tables.shape[0] != s
-    ):
-        raise ValueError(
-            f"{op}: shapes do not match: q {q.shape}, out {out.shape}, "
-            f"k_cache {k_cache.shape}, v_cache {v_cache.shape}, block_tables "
-            f"{block_tables.shape}, seq_lens {seq_lens.shape}, query_start_loc "
-            f"{query_start_loc.shape}"
-        )
+    check_attention_shapes(op, q, out, k_cache, v_cache, block_tables, seq_lens,
+                           query_start_loc)  # fmt: skip
+    d = q.shape[2]
     if d > MAX_THREADS:
         raise ValueError(f"{op}: head_dim {d} > {MAX_THREADS} is not supported")
 

@@ -9,7 +9,7 @@ bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a 
 GB/s counts the weight bytes once per launch; TFLOP/s is 2 M N K per launch. --variant loads
 the kernel module from a file instead (a copy with other tuning constants; with --gemm, a
 copy of gemm_mma.py). --rows adds linear_rows (batched decode, bits
-checked against linear_mma) for M > 8. --gemm times the
+checked against linear_mma) for M > 8, and --rows-variant copies of its module beside it. --gemm times the
 prefill kernel gemm_mma (x split included, and alone) against linear_mma and torch on the 8B
 shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's.
 --x-bf16 packs W for x rounded to bf16 (one mma a product; PackedBF16.x_bf16), ours and the
@@ -34,7 +34,7 @@ from vtllm.kernels import QType
 from vtllm.kernels.cuda import gemm_mma as default_gemm_module
 from vtllm.kernels.cuda import linear
 from vtllm.kernels.cuda import linear_mma as default_module
-from vtllm.kernels.cuda.linear_rows import linear_rows, rows_fit
+from vtllm.kernels.cuda import linear_rows as default_rows_module
 
 SHAPES = {  # name: (N, K)
     "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096),
@@ -141,12 +141,18 @@ def bench_gemm(ms, shapes, gmod, x_bf16):
         torch.cuda.empty_cache()
 
 
-def bench_rows(stream, mod, x, xs, packed, out):
-    """linear_rows: us, and the outputs whose bits differ from linear_mma's (must be 0)."""
+def bench_rows(stream, mod, x, xs, packed, out, linear_rows):
+    """linear_rows: us, and the outputs whose bits differ from linear_mma's (must be 0); a
+    variant that refuses W says so."""
     mod.linear_mma(x, packed, out, x_scratch=xs, stream=stream)
     ref = out.copy_to_host(stream=stream)
     stream.synchronize()
-    linear_rows(mod.split_x(x, xs, x_bf16=packed.x_bf16, stream=stream), packed, out, stream=stream)
+    try:
+        linear_rows(
+            mod.split_x(x, xs, x_bf16=packed.x_bf16, stream=stream), packed, out, stream=stream
+        )
+    except ValueError as e:
+        return f"refused ({e})"
     got = out.copy_to_host(stream=stream)
     stream.synchronize()
     bad = int(np.count_nonzero(got.view(np.uint32) != ref.view(np.uint32)))
@@ -180,6 +186,11 @@ def main():
     p.add_argument(
         "--rows", action="store_true", help="also time linear_rows (M > 8; x split included)"
     )
+    p.add_argument(
+        "--rows-variant",
+        default="",
+        help="copies of kernels/cuda/linear_rows.py (comma-separated) timed beside it with --rows",
+    )
     p.add_argument("--gemm-ms", default="128,512,1024,4096")
     p.add_argument("--x-bf16", action="store_true", help="W packed for x rounded to bf16")
     args = p.parse_args()
@@ -193,6 +204,7 @@ def main():
     if args.variant:
         mod = load_variant(args.variant)
         print(f"variant {args.variant}: WARPS={mod.WARPS} UNROLL={mod.UNROLL}")
+    rows_mods = [default_rows_module] + [load_variant(f) for f in args.rows_variant.split(",") if f]
     ms = [int(m) for m in args.ms.split(",")] + [int(m) for m in args.prefill.split(",") if m]
     stream = cuda.stream()
     rng = np.random.default_rng(0)
@@ -215,8 +227,10 @@ def main():
 
             ours = numba_us(stream, ours_fn)
             gemv = ""
-            if args.rows and m > 8 and rows_fit(packed):
-                gemv = bench_rows(stream, mod, x, xs, packed, out)
+            if args.rows and m > 8:
+                gemv = " | ".join(
+                    bench_rows(stream, mod, x, xs, packed, out, r.linear_rows) for r in rows_mods
+                )
             if args.gemv and m <= 8:
                 gemv = f"{numba_us(stream, lambda x=x, w=w_bits, o=out: linear(x, w, QType.BF16, o, stream=stream)):8.1f}"
             xt = torch.randn(m, k, device="cuda").to(torch.bfloat16)

@@ -20,7 +20,7 @@ from vtllm.executor.cuda_model import FOLD_TOKENS, ROPE_TOKENS
 from vtllm.executor.cuda_runner import CudaModelRunner
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda.attention_split import rope_attention
-from vtllm.kernels.cuda.linear_mma import PREPACK_ABOVE, linear_mma
+from vtllm.kernels.cuda.linear_mma import linear_mma
 from vtllm.kernels.cuda.qkv_rope import qkv_rope
 from vtllm.models.loader import load_model
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan
@@ -146,7 +146,6 @@ def op_rows(runner, T, R, views):
     x.copy_to_device(rng.standard_normal(x.shape).astype(np.float32))
     n = c.num_layers
     inp = runner._inputs(views)
-    fused = lay.gate_up.packed and B <= PREPACK_ABOVE
     fold = m.foldable and B <= FOLD_TOKENS  # the norms in the linears (executor/cuda_model)
     n_plain = 0 if fold else n  # rows a folded step does not run are timed, counted x 0
     in_attention = m.rope_fusable and B <= ROPE_TOKENS  # qkv_rope in attention's kernel
@@ -157,16 +156,13 @@ def op_rows(runner, T, R, views):
         ("rms_norm (+residual)", 2 * n_plain + 1, lambda: ops.rms_norm(h, lay.ffn_norm, 1e-6, x, residual=m.residual[:B], stream=s)),
         ("linear qkv", n_plain, lambda: lay.qkv.matmul(x, qkv, x_scratch=m.x_scratch, stream=s)),
         ("linear o", n_plain, lambda: lay.o.matmul(attn2d, h, x_scratch=m.x_scratch, stream=s)),
-        ("linear gate_up", 0 if fused else n, lambda: lay.gate_up.matmul(x, m.gate_up[:B], x_scratch=m.x_scratch, stream=s)),
+        ("gate_up + SwiGLU", n_plain, lambda: lay.gate_up.matmul(x, m.gate_up[:B], x_scratch=m.x_scratch, act=m.act[:B], stream=s)),
         ("linear down", n_plain, lambda: lay.down.matmul(m.act[:B], h, x_scratch=m.x_scratch, stream=s)),
-        ("silu_and_mul", 0 if fused else n, lambda: ops.silu_and_mul(m.gate_up[:B], m.act[:B], tile=8 if lay.gate_up.packed else 0, stream=s)),
         ("qkv_rope (+q/k norm)", n_unfused, lambda: qkv_rope(qkv, m.q[:B], m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)),
         ("paged_attention", n_unfused, lambda: ops.paged_attention(m.q[:B], m.kv_k[0], m.kv_v[0], inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], scratch=m.attn_scratch, stream=s)),
         ("lm_head", 1, lambda: m.lm_head.matmul(m.final[:R], m.logits[:R], x_scratch=m.x_scratch, stream=s)),
         ("sample (greedy)", 1, lambda: runner._sample(m.logits[:R], views, R)),
     ]  # fmt: skip
-    if fused:  # what decode steps run instead of the two rows above (counted x 0 then)
-        rows.append(("gate_up + SwiGLU epilogue", n_plain, lambda: linear_mma(x, lay.gate_up.data, m.act[:B], swiglu=True, stream=s)))  # fmt: skip
     if fold:
         rows += [
             ("qkv, norm folded", n, lambda: linear_mma(res, lay.qkv.data, qkv, norm_weight=lay.attn_norm, eps=eps, stream=s)),

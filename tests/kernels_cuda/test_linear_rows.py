@@ -1,7 +1,7 @@
 """linear_rows (several row tiles of W per block, batched decode) against linear_mma, bit for
-bit, and the float64 reference; DeviceWeight.matmul's routing; bad inputs refused. The shapes
-cover a partial last block of rows, partial token groups, K padded in W's packing and fewer
-K tiles than slices."""
+bit, and the float64 reference; its SwiGLU epilogue; DeviceWeight.matmul's routing; bad inputs
+refused. The shapes cover a partial last block of rows, partial token groups, K padded in W's
+packing, fewer K tiles than slices, and a wide W (slices summed in several passes)."""
 
 import numpy as np
 import pytest
@@ -11,6 +11,7 @@ from tests.kernels_cuda.test_linear_mma import check_close, rounded_to_bf16
 from vtllm.executor import cuda_model
 from vtllm.executor.cuda_model import DeviceWeight
 from vtllm.kernels import QType
+from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
 from vtllm.kernels.cuda.linear_mma import (
     UNROLL,
     WARPS,
@@ -20,21 +21,15 @@ from vtllm.kernels.cuda.linear_mma import (
     split_x,
     x_scratch_words,
 )
-from vtllm.kernels.cuda.linear_rows import (
-    MIN_BLOCKS,
-    ROWS,
-    linear_rows,
-    rows_fit,
-    rows_pay,
-)
+from vtllm.kernels.cuda.linear_rows import MIN_BLOCKS, ROWS, linear_rows, rows_pay
 
 pytestmark = pytest.mark.cudasim
 
-# (N, K), none of them wide (rows_fit): one row tile and fewer K tiles than slices; row tiles
-# not a multiple of ROWS and K tiles not a multiple of the slices (padded K); several whole
-# trips per warp
+# (N, K): one row tile and fewer K tiles than slices; row tiles not a multiple of ROWS and K
+# tiles not a multiple of the slices (padded K); several whole trips per warp; a wide W
+# (WIDE_WARPS slices: several passes of the block's warps), K padded
 SHAPES = [(16, 16), (16 * (2 * ROWS + 1), 16 * (WARPS + 3))]
-SHAPES += [(16 * (ROWS + 1), 16 * 2 * WARPS * UNROLL)]
+SHAPES += [(16 * (ROWS + 1), 16 * 2 * WARPS * UNROLL), (16, 16 * (WIDE_WARPS * UNROLL + 5))]
 if not SIMULATOR:
     SHAPES += [(6144, 4096), (1024 + 16, 1024 + 48)]
 # one group and a partial one (the simulator's only case: it is slow); a partial group; one
@@ -60,7 +55,7 @@ def test_same_bits_as_linear_mma(rng, m, x_bf16):
     for i, (n, k) in enumerate(SHAPES):
         w_bits = random_weight(rng, QType.BF16, n, k)
         w = pack_bf16(dev(w_bits), x_bf16=x_bf16)
-        assert rows_fit(w)
+        assert w.slices == (WIDE_WARPS if i == 3 else WARPS)
         x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
         x[m // 2, : k // 2] = 0.0  # zero products, signed zeros
         x[m // 2, k // 2 :] = -0.0
@@ -69,6 +64,24 @@ def test_same_bits_as_linear_mma(rng, m, x_bf16):
         assert not np.isnan(ours).any(), f"unwritten outputs, shape {i}"
         np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
         check_close(ours, rounded_to_bf16(x) if x_bf16 else x, w_bits, bias)
+
+
+@pytest.mark.parametrize("x_bf16", [False, True])
+def test_swiglu_epilogue_gives_the_bits_of_the_separate_activation(rng, x_bf16):
+    """A gate/up matrix with its rows interleaved in runs of 8 (a partial last block of row
+    tiles): linear_rows(swiglu=True) writes the bits of its product followed by
+    silu_and_mul(tile=8), bias included."""
+    n, k, m = 16 * (2 * ROWS + 1), 16 * (WARPS + 3), 12
+    w = pack_bf16(dev(tile_interleave(random_weight(rng, QType.BF16, n, k), 8)), x_bf16=x_bf16)
+    x = dev((rng.standard_normal((m, k)) * 3).astype(np.float32))
+    bias = dev(rng.standard_normal(n).astype(np.float32))
+    xp = split_x(x, dev(np.zeros(x_scratch_words(m, k), np.uint32)), x_bf16=x_bf16)
+    product, act, fused = poisoned((m, n)), poisoned((m, n // 2)), poisoned((m, n // 2))
+    linear_rows(xp, w, product, bias=bias)
+    silu_and_mul(product, act, tile=8)
+    linear_rows(xp, w, fused, bias=bias, swiglu=True)
+    assert not np.isnan(host(fused)).any(), "unwritten outputs"
+    np.testing.assert_array_equal(host(fused).view(np.uint32), host(act).view(np.uint32))
 
 
 def test_device_weight_takes_batched_steps_here(rng, monkeypatch):
@@ -96,6 +109,11 @@ def test_device_weight_takes_batched_steps_here(rng, monkeypatch):
         dw.matmul(dev(x[t : t + 1]), alone, x_scratch=scratch)
         np.testing.assert_array_equal(host(alone)[0].view(np.uint32), host(full)[t].view(np.uint32))
     assert calls == [m]
+    act, ref = poisoned((m, n // 2)), poisoned((m, n // 2))  # W as a gate/up matrix
+    dw.matmul(dev(x), poisoned((m, n)), x_scratch=scratch, act=act)
+    assert calls == [m, m]
+    silu_and_mul(full, ref, tile=8)
+    np.testing.assert_array_equal(host(act).view(np.uint32), host(ref).view(np.uint32))
     check_close(host(full), x, w_bits, None)
 
 
@@ -106,8 +124,5 @@ def test_bad_inputs_are_refused(rng):
         linear_rows(xp, w, dev(np.zeros((9, 32), np.float32)))
     with pytest.raises(ValueError, match="xp must have shape"):
         linear_rows(xp, w, dev(np.zeros((17, 16), np.float32)))  # 17 tokens: three groups
-    wide = pack_bf16(dev(random_weight(rng, QType.BF16, 16, 16 * WIDE_WARPS * UNROLL)))
-    assert not rows_fit(wide)
-    xw = dev(np.zeros((2, 8 * wide.k), np.uint32))
-    with pytest.raises(ValueError, match="sliced"):
-        linear_rows(xw, wide, dev(np.zeros((9, 16), np.float32)))
+    with pytest.raises(ValueError, match="does not fit"):  # swiglu: out [M, N / 2]
+        linear_rows(xp, w, dev(np.zeros((9, 16), np.float32)), swiglu=True)

@@ -6,8 +6,9 @@ them, so a decode step can be captured into a CUDA graph and replayed: nothing a
 every pointer stays put. Weights are uploaded once; q/k/v and gate/up are fused on upload.
 A gate/up matrix bound for the tensor cores has its rows interleaved in runs of 8
 (activation.tile_interleave), so that each 16-row tile holds 8 gate rows and their 8 up rows:
-decode steps then get silu(gate) * up straight from the linear's epilogue (linear_mma
-swiglu), and other steps from silu_and_mul over that layout, with the same bits.
+decode steps then get silu(gate) * up straight from the linear's epilogue (linear_mma and
+linear_rows swiglu), and prefill steps (gemm_mma) from silu_and_mul over that layout, with the
+same bits.
 
 One-token steps of a model whose layers' linears are all packed fold the layers' norms away
 too (FOLD_TOKENS): the qkv and gate_up linears normalize the residual stream as they load it,
@@ -37,7 +38,7 @@ from vtllm.kernels.cuda.linear_mma import (
     split_x,
     x_scratch_words,
 )
-from vtllm.kernels.cuda.linear_rows import linear_rows, rows_fit, rows_pay
+from vtllm.kernels.cuda.linear_rows import linear_rows, rows_pay
 from vtllm.kernels.cuda.qkv_rope import qkv_rope
 from vtllm.models.config import ModelConfig
 from vtllm.models.llama import rope_table
@@ -56,25 +57,32 @@ class DeviceWeight:
     qtype: int
     packed: bool = False  # bf16 in mma fragment order (kernels/cuda/linear_mma)
 
-    def matmul(self, x, out, *, bias=None, x_scratch=None, stream=0) -> None:
+    def matmul(self, x, out, *, bias=None, x_scratch=None, act=None, stream=0) -> None:
         """out = x @ W.T (+ bias); x_scratch: see linear_mma. Packed W: steps that gemm_pays
         for go to gemm_mma, batched-decode steps that rows_pay for to linear_rows, the rest
         to linear_mma; all three give the same bits, so a token's row never depends on the
-        size of its step."""
+        size of its step. act: W is a gate/up matrix and act [M, N / 2] gets silu(gate) * up,
+        from the linear's epilogue where its kernel has one (out then unused), else by
+        silu_and_mul over out (same bits)."""
         m, n = x.shape[0], out.shape[1]
+        swiglu = act is not None
         split_step = self.packed and x_scratch is not None and m > PREPACK_ABOVE
         if split_step and gemm_pays(m, n):
-            kernel = gemm_mma
-        elif split_step and rows_fit(self.data) and rows_pay(m, n):
-            kernel = linear_rows
+            xp = split_x(x, x_scratch, x_bf16=self.data.x_bf16, stream=stream)
+            gemm_mma(xp, self.data, out, bias=bias, stream=stream)
+        elif split_step and rows_pay(m, n):
+            xp = split_x(x, x_scratch, x_bf16=self.data.x_bf16, stream=stream)
+            linear_rows(xp, self.data, act if swiglu else out, bias=bias, swiglu=swiglu,
+                        stream=stream)  # fmt: skip
+            return
         elif self.packed:
-            linear_mma(x, self.data, out, bias=bias, x_scratch=x_scratch, stream=stream)
+            linear_mma(x, self.data, act if swiglu else out, bias=bias, x_scratch=x_scratch,
+                       swiglu=swiglu, stream=stream)  # fmt: skip
             return
         else:
             ops.linear(x, self.data, self.qtype, out, bias=bias, stream=stream)
-            return
-        xp = split_x(x, x_scratch, x_bf16=self.data.x_bf16, stream=stream)
-        kernel(xp, self.data, out, bias=bias, stream=stream)
+        if swiglu:  # packed gate/up rows are interleaved in runs of 8 (the module docstring)
+            ops.silu_and_mul(out, act, tile=8 if self.packed else 0, stream=stream)
 
 
 @dataclass(slots=True)
@@ -255,11 +263,7 @@ class CudaForward:
                 continue
             layer.o.matmul(attn.reshape(T, c.q_size), h, x_scratch=xs, stream=s)
             ops.rms_norm(h, layer.ffn_norm, eps, x, residual=residual, stream=s)
-            if layer.gate_up.packed and T <= PREPACK_ABOVE:  # SwiGLU as the epilogue
-                linear_mma(x, layer.gate_up.data, act, swiglu=True, stream=s)
-            else:
-                layer.gate_up.matmul(x, gate_up, x_scratch=xs, stream=s)
-                ops.silu_and_mul(gate_up, act, tile=8 if layer.gate_up.packed else 0, stream=s)
+            layer.gate_up.matmul(x, gate_up, x_scratch=xs, act=act, stream=s)
             layer.down.matmul(act, h, x_scratch=xs, stream=s)
         final_h, final_res, final = self.final_h[:R], self.final_res[:R], self.final[:R]
         logits = self.logits[:R]

@@ -136,6 +136,12 @@ if SIMULATOR:
         return tid, ctx.blockDim.x
 
     @cuda.jit(device=True)
+    def sync_warp():
+        """The simulator has no warp barrier: a block barrier stands in (so every thread of
+        the block must call it the same number of times)."""
+        _sim().syncthreads()
+
+    @cuda.jit(device=True)
     def warp_sum(v):
         tid, nt = _exchange(v)
         base = tid - tid % 32
@@ -225,6 +231,11 @@ else:
         kernels, write it with this: the compiler fuses one of the products into the sum, and
         which one it picks depends on the code around it."""
         return cuda.libdevice.fmaf(a, b, c)
+
+    @cuda.jit(device=True)
+    def sync_warp():
+        """Barrier of the warp's lanes, with memory ordering among them (bar.warp.sync)."""
+        cuda.syncwarp(FULL_MASK)
 
     @cuda.jit(device=True)
     def warp_sum(v):

@@ -424,11 +424,12 @@ def split_x(x, x_scratch, *, x_bf16: bool, stream=0):
     return xp
 
 
-def check_split_step(op: str, xp, w: PackedBF16, out, bias):
+def check_split_step(op: str, xp, w: PackedBF16, out, bias, *, swiglu=False):
     """The checks of a kernel that reads x split by split_x (xp) and W packed by pack_bf16:
-    shapes, dtypes, 16-byte alignment; returns the bias to pass (a placeholder when absent)."""
+    shapes, dtypes, 16-byte alignment; returns the bias to pass (a placeholder when absent).
+    swiglu: out holds silu(gate) * up, half of W's rows wide."""
     check(op, "out", out, np.float32, 2)
-    m, n = out.shape
+    m, n = out.shape[0], out.shape[1] * (2 if swiglu else 1)
     if n != w.n:
         raise ValueError(f"{op}: out {out.shape} does not fit W [{w.n}, {w.k}]")
     check(op, "xp", xp, np.uint32, 2, (-(-m // 8), (4 if w.x_bf16 else 8) * w.k))

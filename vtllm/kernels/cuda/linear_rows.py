@@ -2,32 +2,44 @@
 sums, bit for bit, with ROWS row tiles of W per block. Hot path: keep it lean.
 
 linear_mma gives a block one 16-row tile of W and 32 tokens, so every block re-reads all of
-x's fragments from L2: at 32 tokens that is 4x the bytes of W it streams (8B gate_up at M = 32
-ran at ~2.2 TB/s of W where torch reaches ~4). Here a block owns ROWS row tiles; warp w
-still sums slice w of K (tiles w, w + WARPS, ..), but loads each x fragment once for all ROWS
-tiles, so x is read ROWS times less often. A warp loads the next K tile's W and x fragments
-before it runs this one's mmas (two register buffers), keeping loads in flight.
+x's fragments from L2: at 32 tokens that is 4x the bytes of W it streams. Here a block owns
+ROWS row tiles and reads each x fragment once for all of them: x is read ROWS times less often.
 
-ROWS = 2 at 128 registers (two blocks an SM) beat 4 row tiles at 168 registers (one block) on
-every measured shape and batch (BENCHMARKS.md), so 2 is the only count built.
+Bytes in flight: each warp streams its K tiles (ROWS tiles of W, then the x groups) into its
+own ring of STAGES stages in shared memory with cp.async, STAGES - 1 tiles ahead of the one
+its mmas use. The copies hold no registers, so a block keeps (STAGES - 1) x 3 KB a warp in
+flight where the register-buffered version held one tile (ncu on that one: DRAM 38-49% busy,
+issue 30-44%, waiting on loads). A warp's ring is its own: warp barriers order its copies
+and reads, no block barrier.
 
-Bits: the same as linear_mma's for every token: warp w sums its K tiles (linear_mma's padded
-count, so the zero tiles' +0 additions happen too) from +0 in the same order, each as
-c = mma(A, hi, c); c = mma(A, lo, c) (only the first for W packed with x_bf16); the block
-adds the warps' partials in warp order, then the bias. Only W with linear_mma's WARPS
-slices (w.slices == WARPS) runs here.
+Bits: the same as linear_mma's for every token. W's K tiles are dealt to w.slices slices
+(linear_mma's WARPS, or WIDE_WARPS for a wide W); the block's warps take them WARPS at a time
+(passes), warp w of pass p summing slice p WARPS + w from +0 in linear_mma's order (its padded
+tile count, so the zero tiles' +0 additions happen too), each tile as c = mma(A, hi, c);
+c = mma(A, lo, c) (only the first for W packed with x_bf16). After each pass the block adds
+the pass's partials to the running sums in slice order: linear_mma's additions, one after
+another in slice order. Then the bias, and with swiglu linear_mma's SwiGLU epilogue.
 """
 
 import numpy as np
 from numba import cuda, float32, uint32
 
-from vtllm.kernels.cuda._device import SIMULATOR, imin
-from vtllm.kernels.cuda._ptx import grid_dependency_sync, load_u32x2, load_u32x4, mma_bf16
+from vtllm.kernels.cuda._device import SIMULATOR, imin, sync_warp
+from vtllm.kernels.cuda._ptx import (
+    copy_async_commit,
+    copy_async_waiter,
+    grid_dependency_sync,
+    mma_bf16,
+)
+from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x2, shared_u32x4
+from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
+from vtllm.kernels.cuda.activation import silu_mul
 from vtllm.kernels.cuda.linear_mma import (
     TILE_WORDS,
     TOKENS,
     UNROLL,
     WARPS,
+    WIDE_WARPS,
     X_BF16_TILE_WORDS,
     PackedBF16,
     check_split_step,
@@ -36,41 +48,67 @@ from vtllm.kernels.cuda.linear_mma import (
 GROUPS = TOKENS // 8  # token groups per block (32 tokens, as linear_mma)
 THREADS = 32 * WARPS
 ROWS = 2  # row tiles of W per block
+STAGES = 4  # K tiles a warp's ring holds: STAGES - 1 in flight during one's mmas
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}  # two blocks an SM
 # Blocks a step needs to run here (132 SMs on the H200, two blocks each fill them about
 # once); a step with fewer would leave SMs idle and stays in linear_mma (rows_pay).
 MIN_BLOCKS = 1 if SIMULATOR else 128
-# register arrays (numba needs their sizes as plain constants): two buffers of fragments
-A_FRAGS, B_FRAGS, ACC = 8 * ROWS, 8 * GROUPS, 4 * ROWS * GROUPS
+# register arrays (numba needs their sizes as plain constants): a K tile's W fragments, and
+# the accumulators of ROWS x GROUPS mma outputs
+A_FRAGS, ACC = 4 * ROWS, 4 * ROWS * GROUPS
+SUMS = 16 * 32 // THREADS  # a row tile's running sums a thread holds
+ALL_SUMS = ROWS * SUMS
+_WAIT_OLDEST = copy_async_waiter(STAGES - 1)  # the oldest of STAGES copy groups has landed
+
+
+def shared_bytes(x_bf16: bool) -> int:
+    """Dynamic shared memory a block: the warps' rings of stages (ROWS tiles of W, then GROUPS
+    x tiles, as _rows_block lays them out); the partials reuse them after."""
+    stage_words = ROWS * TILE_WORDS + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
+    return 4 * max(WARPS * STAGES * stage_words, WARPS * 16 * 32)
 
 
 @cuda.jit(device=True)
-def _load(packed, xp, nt0, last_tile, g0, groups, kt, xk, lane, fa, fb, buf, rows, x_bf16):
-    """This lane's fragments of K tile kt (x's tile xk) into register buffer buf: rows tiles
-    of W from row tile nt0, up to GROUPS token groups from group g0 (hi only, x_bf16)."""
+def _copy_tile(ring, at, packed, xp, nt0, last_tile, g0, groups, kt, last_x, lane, x_bf16):
+    """K tile kt's ROWS tiles of W from row tile nt0 and x groups g0 .. g0 + groups - 1
+    (x's tile min(kt, last_x): x has no padding, W's padded tiles are zeros) into the ring
+    stage at ring[at ..], each lane copying 16-byte chunks."""
     col = kt * TILE_WORDS + 4 * lane
-    for i in range(rows):
-        e = 4 * (buf * rows + i)
-        fa[e], fa[e + 1], fa[e + 2], fa[e + 3] = load_u32x4(packed, imin(nt0 + i, last_tile), col)
-    for j in range(GROUPS):
-        if j < groups:
-            e = 4 * (buf * GROUPS + j)
-            if x_bf16:
-                fb[e], fb[e + 1] = load_u32x2(xp, g0 + j, xk * X_BF16_TILE_WORDS + 2 * lane)
-            else:
-                xcol = xk * TILE_WORDS + 4 * lane
-                fb[e], fb[e + 1], fb[e + 2], fb[e + 3] = load_u32x4(xp, g0 + j, xcol)
+    for i in range(ROWS):
+        copy_async16_to(ring, at + i * TILE_WORDS + 4 * lane, packed, imin(nt0 + i, last_tile), col)
+    xk = imin(kt, last_x)
+    at += ROWS * TILE_WORDS
+    if x_bf16:  # 16 chunks a 64-word tile: two groups' chunks a pass of the warp
+        for u in range(GROUPS // 2):
+            j, piece = 2 * u + lane // 16, lane % 16
+            if j < groups:
+                copy_async16_to(ring, at + j * X_BF16_TILE_WORDS + 4 * piece, xp, g0 + j,
+                                xk * X_BF16_TILE_WORDS + 4 * piece)  # fmt: skip
+    else:
+        for j in range(GROUPS):
+            if j < groups:
+                copy_async16_to(ring, at + j * TILE_WORDS + 4 * lane, xp, g0 + j,
+                                xk * TILE_WORDS + 4 * lane)  # fmt: skip
 
 
 @cuda.jit(device=True)
-def _mmas(fa, fb, buf, groups, acc, rows, x_bf16):
+def _mmas(ring, at, lane, groups, acc, x_bf16):
+    """acc += this K tile's products from the ring stage at ring[at ..]."""
+    a = cuda.local.array(A_FRAGS, uint32)
+    for i in range(ROWS):
+        a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3] = shared_u32x4(
+            ring, at + i * TILE_WORDS + 4 * lane
+        )
+    at += ROWS * TILE_WORDS
     for j in range(GROUPS):
         if j < groups:  # block-uniform
-            e = 4 * (buf * GROUPS + j)
-            h0, h1, l0, l1 = fb[e], fb[e + 1], fb[e + 2], fb[e + 3]
-            for i in range(rows):
-                f = 4 * (buf * rows + i)
-                a0, a1, a2, a3 = fa[f], fa[f + 1], fa[f + 2], fa[f + 3]
+            if x_bf16:
+                h0, h1 = shared_u32x2(ring, at + j * X_BF16_TILE_WORDS + 2 * lane)
+                l0, l1 = h0, h1  # unused
+            else:
+                h0, h1, l0, l1 = shared_u32x4(ring, at + j * TILE_WORDS + 4 * lane)
+            for i in range(ROWS):
+                a0, a1, a2, a3 = a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]
                 c = 4 * (i * GROUPS + j)
                 c0, c1, c2, c3 = mma_bf16(
                     a0, a1, a2, a3, h0, h1, acc[c], acc[c + 1], acc[c + 2], acc[c + 3]
@@ -81,73 +119,116 @@ def _mmas(fa, fb, buf, groups, acc, rows, x_bf16):
 
 
 @cuda.jit(device=True)
-def _rows_block(xp, packed, bias, has_bias, out, fa, fb, acc, partial, rows, x_bf16):
+def _slice_sum(ring, ring_at, stage_words, packed, xp, nt0, last_tile, g0, groups, v, slices,
+               trips, last_x, lane, acc, x_bf16):  # fmt: skip
+    """acc = this warp's products over slice v of K (tiles v, v + slices, .., trips of them),
+    summed from +0 in order, the tiles streamed through the warp's ring."""
+    for e in range(ACC):
+        acc[e] = np.float32(0.0)
+    for t in range(STAGES - 1):  # the first STAGES - 1 tiles in flight (trips >= UNROLL)
+        if t < trips:
+            _copy_tile(ring, ring_at + t * stage_words, packed, xp, nt0, last_tile, g0,
+                       groups, v + t * slices, last_x, lane, x_bf16)  # fmt: skip
+        copy_async_commit()
+    ahead = STAGES - 1  # the stage tile t + STAGES - 1 goes to: the one tile t - 1 used
+    here = 0  # the stage of tile t
+    for t in range(trips):
+        sync_warp()  # every lane is done with tile t - 1's stage before it is refilled
+        if t + STAGES - 1 < trips:
+            _copy_tile(ring, ring_at + ahead * stage_words, packed, xp, nt0, last_tile, g0,
+                       groups, v + (t + STAGES - 1) * slices, last_x, lane, x_bf16)  # fmt: skip
+        copy_async_commit()  # (an empty group past the end keeps the count)
+        _WAIT_OLDEST()  # tile t's copies, this lane's, have landed
+        sync_warp()  # and the other lanes' (x_bf16 lanes read chunks others copied)
+        _mmas(ring, ring_at + here * stage_words, lane, groups, acc, x_bf16)
+        ahead = ahead + 1 if ahead + 1 < STAGES else 0
+        here = here + 1 if here + 1 < STAGES else 0
+
+
+@cuda.jit(device=True)
+def _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums, x_bf16,
+                swiglu):  # fmt: skip
     M, N = out.shape
+    if swiglu:
+        N *= 2
     tid = cuda.threadIdx.x
     lane, warp = tid % 32, tid // 32
     tok0 = cuda.blockIdx.x * TOKENS
     g0 = tok0 // 8
     groups = imin((M - tok0 + 7) // 8, GROUPS)
-    nt0 = cuda.blockIdx.y * rows
+    nt0 = cuda.blockIdx.y * ROWS
     last_tile = N // 16 - 1
-    xw = X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS
-    last_x = xp.shape[1] // xw - 1  # x has no padding: padded tiles read its last
-    ntiles = packed.shape[1] // TILE_WORDS  # a multiple of WARPS x UNROLL: every warp
-    for e in range(4 * rows * GROUPS):  # has the same number of tiles
-        acc[e] = np.float32(0.0)
+    last_x = xp.shape[1] // (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS) - 1
+    # every slice has the same number of K tiles: packed K is a multiple of slices x UNROLL
+    trips = packed.shape[1] // TILE_WORDS // slices
+    stage_words = ROWS * TILE_WORDS + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
+    ring_at = warp * STAGES * stage_words
+    # A pass: warp w sums slice pass x WARPS + w; the block then adds the pass's partials to
+    # the running sums in slice order (one row tile at a time, through the rings' memory):
+    # the additions of linear_mma's block, one after another in slice order.
+    for p in range(slices // WARPS):
+        _slice_sum(ring, ring_at, stage_words, packed, xp, nt0, last_tile, g0, groups,
+                   p * WARPS + warp, slices, trips, last_x, lane, acc, x_bf16)  # fmt: skip
+        cuda.syncthreads()  # every warp is done with its ring: the partials reuse the memory
+        for i in range(ROWS):
+            for q in range(16):
+                partial[(warp * 16 + q) * 32 + lane] = acc[4 * i * GROUPS + q]
+            cuda.syncthreads()
+            for u in range(SUMS):
+                e = tid + u * THREADS  # accumulator e // 32 of lane e % 32
+                s = partial[e] if p == 0 else sums[i * SUMS + u] + partial[e]
+                for w in range(1, WARPS):
+                    s += partial[w * 16 * 32 + e]
+                sums[i * SUMS + u] = s
+            cuda.syncthreads()
 
-    _load(packed, xp, nt0, last_tile, g0, groups, warp, imin(warp, last_x), lane, fa, fb, 0,
-          rows, x_bf16)  # fmt: skip
-    for kt in range(warp, ntiles, 2 * WARPS):  # two K tiles a trip: buffers 0 and 1
-        k1 = kt + WARPS
-        _load(packed, xp, nt0, last_tile, g0, groups, k1, imin(k1, last_x), lane, fa, fb, 1,
-              rows, x_bf16)  # fmt: skip
-        _mmas(fa, fb, 0, groups, acc, rows, x_bf16)
-        k2 = imin(kt + 2 * WARPS, ntiles - WARPS + warp)  # past the end: the last again
-        _load(packed, xp, nt0, last_tile, g0, groups, k2, imin(k2, last_x), lane, fa, fb, 0,
-              rows, x_bf16)  # fmt: skip
-        _mmas(fa, fb, 1, groups, acc, rows, x_bf16)
-
-    # The warps' partials added in warp order, one row tile at a time, as linear_mma's block.
-    for i in range(rows):
-        for q in range(16):
-            partial[warp, q, lane] = acc[4 * i * GROUPS + q]
-        cuda.syncthreads()
-        for e in range(tid, 16 * 32, THREADS):
+    for i in range(ROWS):
+        if swiglu:  # a gate row's up row is 8 rows on: accumulator q + 2 of the same lane
+            for u in range(SUMS):
+                partial[tid + u * THREADS] = sums[i * SUMS + u]
+            cuda.syncthreads()
+        for u in range(SUMS):
+            e = tid + u * THREADS
             q, src = e // 32, e % 32  # accumulator q of lane src: group q // 4, register q % 4
             tok = tok0 + 8 * (q // 4) + 2 * (src % 4) + (q % 2)
             row = 16 * (nt0 + i) + src // 4 + 8 * ((q % 4) // 2)
             if tok < M and row < N:
-                s = partial[0, q, src]
-                for w in range(1, WARPS):
-                    s += partial[w, q, src]
+                s = sums[i * SUMS + u]
                 if has_bias:
                     s += bias[row]
-                out[tok, row] = s
-        cuda.syncthreads()
+                if not swiglu:
+                    out[tok, row] = s
+                elif q % 4 < 2:  # a gate row
+                    up = partial[e + 64]
+                    if has_bias:
+                        up += bias[row + 8]
+                    out[tok, 8 * (nt0 + i) + src // 4] = silu_mul(s, up)
+        if swiglu:
+            cuda.syncthreads()
 
 
-def _rows_kernel(x_bf16):
-    """The kernel for W packed with or without x_bf16 (a constant: the lo mma folds away)."""
+def _rows_kernel(x_bf16, swiglu):
+    """The kernel for W packed with or without x_bf16 (a constant: the lo mma folds away),
+    with or without the SwiGLU epilogue."""
 
     @cuda.jit(cache=True, **_REGISTERS)
-    def kernel(xp, packed, bias, has_bias, out):
+    def kernel(xp, packed, bias, has_bias, out, slices):
         grid_dependency_sync()
-        fa = cuda.local.array(A_FRAGS, uint32)  # registers: constant indices once unrolled
-        fb = cuda.local.array(B_FRAGS, uint32)
-        acc = cuda.local.array(ACC, float32)
-        partial = cuda.shared.array((WARPS, 16, 32), float32)
-        _rows_block(xp, packed, bias, has_bias, out, fa, fb, acc, partial, ROWS, x_bf16)
+        ring = cuda.shared.array(0, uint32)  # dynamic: the warps' rings, then the partials
+        partial = cuda.shared.array(0, float32)
+        acc = cuda.local.array(ACC, float32)  # registers: constant indices once unrolled
+        sums = cuda.local.array(ALL_SUMS, float32)
+        _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums, x_bf16,
+                    swiglu)  # fmt: skip
 
     return kernel
 
 
-_KERNELS = {x_bf16: _rows_kernel(x_bf16) for x_bf16 in (False, True)}
-
-
-def rows_fit(w: PackedBF16) -> bool:
-    """Whether W can run here (linear_mma's WARPS slices; wide W keep linear_mma)."""
-    return w.slices == WARPS
+_KERNELS = {
+    (x_bf16, swiglu): _rows_kernel(x_bf16, swiglu)
+    for x_bf16 in (False, True)
+    for swiglu in (False, True)
+}
 
 
 def rows_pay(m: int, n: int) -> bool:
@@ -155,18 +236,22 @@ def rows_pay(m: int, n: int) -> bool:
     return -(-m // TOKENS) * -(-(n // 16) // ROWS) >= MIN_BLOCKS
 
 
-def linear_rows(xp, w: PackedBF16, out, *, bias=None, stream=0) -> None:
+def linear_rows(xp, w: PackedBF16, out, *, bias=None, swiglu=False, stream=0) -> None:
     """out[M, N] = x @ W.T (+ bias[N]) for x split by split_x into xp and W packed by
-    pack_bf16 with rows_fit(w): the same bits as linear_mma(x, w, out, bias=bias)."""
+    pack_bf16: the same bits as linear_mma(x, w, out, bias=bias,
+    swiglu=swiglu) (swiglu: out [M, N / 2] gets silu(gate) * up, see linear_mma)."""
     has_bias = bias is not None
-    bias = check_split_step("linear_rows", xp, w, out, bias)
-    m, n = out.shape
-    if not rows_fit(w):
-        raise ValueError(f"linear_rows: W [{n}, {w.k}] is sliced {w.slices} ways, not {WARPS}")
+    bias = check_split_step("linear_rows", xp, w, out, bias, swiglu=swiglu)
+    m, n = out.shape[0], w.n
     if m == 0:
         return
     grid = (-(-m // TOKENS), -(-(n // 16) // ROWS))
-    _KERNELS[w.x_bf16][grid, THREADS, stream](xp, w.data, bias, has_bias, out)
+    kernel = _KERNELS[w.x_bf16, swiglu]
+    args = (xp, w.data, bias, has_bias, out, w.slices)
+    nbytes = shared_bytes(w.x_bf16)
+    allow_dynamic_shared(kernel, args, nbytes)
+    kernel[grid, THREADS, stream, nbytes](*args)
 
 
-assert UNROLL % 2 == 0  # padded K is a whole number of two-tile trips per warp
+assert WIDE_WARPS % WARPS == 0  # every W's slices come in whole passes
+assert UNROLL >= STAGES - 1  # the prologue's tiles exist (every warp has UNROLL or more)

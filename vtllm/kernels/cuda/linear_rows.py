@@ -10,7 +10,9 @@ own ring of STAGES stages in shared memory with cp.async, STAGES - 1 tiles ahead
 its mmas use. The copies hold no registers, so a block keeps (STAGES - 1) x 3 KB a warp in
 flight where the register-buffered version held one tile (ncu on that one: DRAM 38-49% busy,
 issue 30-44%, waiting on loads). A warp's ring is its own: warp barriers order its copies
-and reads, no block barrier.
+and reads, no block barrier. H200 at 32 tokens: 8B gate_up 87.4 -> 74.9 us; ROWS x STAGES =
+2 x 4 (96 KB, two blocks an SM) beat 1 x 4, 2 x 3, 2 x 5 and 4 x 3 but at 64 tokens on
+gate_up (BENCHMARKS.md).
 
 Bits: the same as linear_mma's for every token. W's K tiles are dealt to w.slices slices
 (linear_mma's WARPS, or WIDE_WARPS for a wide W); the block's warps take them WARPS at a time

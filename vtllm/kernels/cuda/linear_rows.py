@@ -11,8 +11,8 @@ its mmas use. The copies hold no registers, so a block keeps (STAGES - 1) x 3 KB
 flight where the register-buffered version held one tile (ncu on that one: DRAM 38-49% busy,
 issue 30-44%, waiting on loads). A warp's ring is its own: warp barriers order its copies
 and reads, no block barrier. H200 at 32 tokens: 8B gate_up 87.4 -> 74.9 us; ROWS x STAGES =
-2 x 4 (96 KB, two blocks an SM) beat 1 x 4, 2 x 3, 2 x 5 and 4 x 3 but at 64 tokens on
-gate_up (BENCHMARKS.md).
+2 x 4 (96 KB, two blocks an SM) was the fastest of 1 x 4, 2 x 3, 2 x 4, 2 x 5 and 4 x 3, or
+within 0.4 us of it, everywhere but gate_up at 64 tokens (4 x 3; BENCHMARKS.md).
 
 Bits: the same as linear_mma's for every token. W's K tiles are dealt to w.slices slices
 (linear_mma's WARPS, or WIDE_WARPS for a wide W); the block's warps take them WARPS at a time
@@ -63,11 +63,14 @@ ALL_SUMS = ROWS * SUMS
 _WAIT_OLDEST = copy_async_waiter(STAGES - 1)  # the oldest of STAGES copy groups has landed
 
 
+def _stage_words(x_bf16: bool) -> int:
+    """A ring stage: ROWS tiles of W, then GROUPS x tiles (_copy_tile's layout)."""
+    return ROWS * TILE_WORDS + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
+
+
 def shared_bytes(x_bf16: bool) -> int:
-    """Dynamic shared memory a block: the warps' rings of stages (ROWS tiles of W, then GROUPS
-    x tiles, as _rows_block lays them out); the partials reuse them after."""
-    stage_words = ROWS * TILE_WORDS + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
-    return 4 * max(WARPS * STAGES * stage_words, WARPS * 16 * 32)
+    """Dynamic shared memory a block: the warps' rings; the partials reuse them after."""
+    return 4 * max(WARPS * STAGES * _stage_words(x_bf16), WARPS * 16 * 32)
 
 
 @cuda.jit(device=True)
@@ -148,8 +151,8 @@ def _slice_sum(ring, ring_at, stage_words, packed, xp, nt0, last_tile, g0, group
 
 
 @cuda.jit(device=True)
-def _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums, x_bf16,
-                swiglu):  # fmt: skip
+def _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums,
+                stage_words, x_bf16, swiglu):  # fmt: skip
     M, N = out.shape
     if swiglu:
         N *= 2
@@ -163,7 +166,6 @@ def _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sum
     last_x = xp.shape[1] // (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS) - 1
     # every slice has the same number of K tiles: packed K is a multiple of slices x UNROLL
     trips = packed.shape[1] // TILE_WORDS // slices
-    stage_words = ROWS * TILE_WORDS + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
     ring_at = warp * STAGES * stage_words
     # A pass: warp w sums slice pass x WARPS + w; the block then adds the pass's partials to
     # the running sums in slice order (one row tile at a time, through the rings' memory):
@@ -212,6 +214,7 @@ def _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sum
 def _rows_kernel(x_bf16, swiglu):
     """The kernel for W packed with or without x_bf16 (a constant: the lo mma folds away),
     with or without the SwiGLU epilogue."""
+    stage_words = _stage_words(x_bf16)
 
     @cuda.jit(cache=True, **_REGISTERS)
     def kernel(xp, packed, bias, has_bias, out, slices):
@@ -220,8 +223,8 @@ def _rows_kernel(x_bf16, swiglu):
         partial = cuda.shared.array(0, float32)
         acc = cuda.local.array(ACC, float32)  # registers: constant indices once unrolled
         sums = cuda.local.array(ALL_SUMS, float32)
-        _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums, x_bf16,
-                    swiglu)  # fmt: skip
+        _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums,
+                    stage_words, x_bf16, swiglu)  # fmt: skip
 
     return kernel
 

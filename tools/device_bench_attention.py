@@ -8,7 +8,8 @@ scaled_dot_product_attention on the same float32 K/V laid out contiguously (the 
 paging, no GQA sharing of loads). GB/s counts the K and V bytes once per launch; the H200
 streams ~4.3 TB/s. Each figure is a CUDA graph of 20 launches replayed 5 times, median per
 launch, over enough copies of the KV cache that it comes from HBM (not L2). --variant times
-other copies of attention_split.py too (checked against ours). --kv bfloat16: a cache of bf16
+other copies of attention_split.py too (checked against ours), or any module with its entry
+points: --variant vtllm/kernels/cuda/attention_ring.py times the ring kernel. --kv bfloat16: a cache of bf16
 bits (2 bytes a value) and torch's K/V and q in bf16. --shapes 8B: only that shape.
     python3 tools/device_bench_attention.py --prefill 512,1024,4096 [--variant FILE ...]
 times the prefill path instead (one prompt of n tokens attending causally to itself, no

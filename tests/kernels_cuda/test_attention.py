@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
-from vtllm.kernels.cuda import attention_split, paged_attention, write_kv
+from vtllm.kernels.cuda import attention_ring, attention_split, paged_attention, write_kv
 from vtllm.kernels.cuda.attention_split import make_scratch
 from vtllm.kernels.reference import paged_attention_ref, write_kv_ref
 from vtllm.models.synthetic import to_bf16_bits
@@ -123,6 +123,38 @@ def test_bf16_cache_matches_reference(rng, case, path):
     assert np.isnan(got[live:]).all(), "rows past every sequence must stay unwritten"
     if path == "split-scratch":  # the decode and the prefill kernel: the same bits
         np.testing.assert_array_equal(got, run())
+
+
+@pytest.mark.parametrize("kv", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"hq{c[0]}-hk{c[1]}-d{c[2]}-bs{c[3]}")
+def test_ring_kernel_gives_the_split_kernels_bits(rng, case, kv, monkeypatch):
+    """attention_ring's decode kernel (warps streaming their own splits) against the split
+    kernel on the same step: the same out bits, also when each warp loops over several splits
+    and with a bad block-table entry (its rows unwritten by both)."""
+    hq, hk, d, bs, seqs = case
+    k_cache, v_cache, tables, seq_lens, qsl, slots = build(rng, hk, d, bs, seqs)
+    if kv == "bfloat16":
+        k_cache, v_cache = to_bf16_bits(k_cache), to_bf16_bits(v_cache)
+    longest = int(np.argmax(seq_lens))
+    tables[longest, (int(seq_lens[longest]) - 1) // bs] = k_cache.shape[0]  # outside the cache
+    t = slots.shape[0]
+    q = (rng.standard_normal((t, hq, d)) * 2).astype(np.float32)
+    args = (dev(q), dev(k_cache), dev(v_cache), dev(tables), dev(seq_lens), dev(qsl), d**-0.5)
+    scratch = make_scratch(t, hq, d, int(seq_lens.max()) + 1)
+
+    def run(mod):
+        out = poisoned((t, hq, d))
+        mod.split_attention(*args, out, scratch)
+        return host(out)
+
+    want = run(attention_split)
+    np.testing.assert_array_equal(run(attention_ring), want)
+    monkeypatch.setattr(attention_ring, "TARGET_BLOCKS", 1)
+    np.testing.assert_array_equal(run(attention_ring), want)
+    rows = slice(int(qsl[longest]), int(qsl[longest + 1]))
+    assert np.isnan(want[rows][-1]).all(), "the row that reaches the bad entry is unwritten"
+    live = qsl[-1]
+    assert not np.isnan(np.delete(want[:live], np.arange(live)[rows], axis=0)).any()
 
 
 def test_skips_inconsistent_sequences(rng):

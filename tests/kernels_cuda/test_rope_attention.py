@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
-from vtllm.kernels.cuda import attention_split, paged_attention
+from vtllm.kernels.cuda import attention_ring, attention_split, paged_attention
 from vtllm.kernels.cuda.attention_split import fuses_rope, make_scratch, rope_attention
 from vtllm.kernels.cuda.qkv_rope import qkv_rope
 from vtllm.models.synthetic import to_bf16_bits
@@ -47,9 +47,9 @@ def decode_step(rng, hk, d, contexts, kv):
     return k_cache, v_cache, meta
 
 
-def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta):
-    """(out, k cache, v cache) from qkv_rope + paged_attention and from rope_attention, on one
-    random qkv, rope table and norm weights."""
+def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta, fused_by=attention_split):
+    """(out, k cache, v cache) from qkv_rope + paged_attention and from rope_attention (that
+    of the module fused_by), on one random qkv, rope table and norm weights."""
     t = meta["slot_mapping"].shape[0]
     qkv = rng.standard_normal((t, (hq + 2 * hk) * d)).astype(np.float32)
     cos_sin = rng.uniform(-1, 1, (MAX_POS, d)).astype(np.float32)
@@ -64,9 +64,10 @@ def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta):
     for fused in (False, True):
         kc, vc, out = dev(k_cache), dev(v_cache), poisoned((t, hq, d))
         if fused:
-            rope_attention(dev(qkv), kc, vc, m["slot_mapping"], m["positions"], dev(cos_sin), eps,
-                           m["block_tables"], m["seq_lens"], m["query_start_loc"], scale, out,
-                           scratch, **norms)  # fmt: skip
+            fused_by.rope_attention(dev(qkv), kc, vc, m["slot_mapping"], m["positions"],
+                                    dev(cos_sin), eps, m["block_tables"], m["seq_lens"],
+                                    m["query_start_loc"], scale, out, scratch,
+                                    **norms)  # fmt: skip
         else:
             q = poisoned((t, hq, d))
             qkv_rope(dev(qkv), q, kc, vc, m["slot_mapping"], m["positions"], dev(cos_sin), eps,
@@ -77,17 +78,20 @@ def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta):
     return results
 
 
-@pytest.mark.parametrize("target", [attention_split.TARGET_BLOCKS, 1])
+@pytest.mark.parametrize("module", [attention_split, attention_ring], ids=["split", "ring"])
+@pytest.mark.parametrize("target", ["default", 1])
 @pytest.mark.parametrize("kv", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"hq{s[0]}-hk{s[1]}-d{s[2]}-norm{s[3]}")
-def test_same_bits_as_qkv_rope_then_attention(rng, shape, kv, target, monkeypatch):
+def test_same_bits_as_qkv_rope_then_attention(rng, shape, kv, target, module, monkeypatch):
     """target 1: one block per row and kv head, so the block that writes the new key has
     looped over the row's other splits first."""
-    monkeypatch.setattr(attention_split, "TARGET_BLOCKS", target)
+    if target != "default":
+        monkeypatch.setattr(module, "TARGET_BLOCKS", target)
     hq, hk, d, norm = shape
     contexts = [1, 33, 130]  # the new key alone; first of a second split; in the fifth
     k_cache, v_cache, meta = decode_step(rng, hk, d, contexts, kv)
-    (out, kc, vc), (f_out, f_kc, f_vc) = both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta)
+    (out, kc, vc), (f_out, f_kc, f_vc) = both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta,
+                                                   module)  # fmt: skip
     np.testing.assert_array_equal(f_kc, kc)
     np.testing.assert_array_equal(f_vc, vc)
     np.testing.assert_array_equal(f_out, out)
@@ -96,7 +100,8 @@ def test_same_bits_as_qkv_rope_then_attention(rng, shape, kv, target, monkeypatc
     assert (kc != k_cache).any(), "the new keys were written"
 
 
-def test_leaves_rows_it_cannot_serve_unwritten(rng):
+@pytest.mark.parametrize("module", [attention_split, attention_ring], ids=["split", "ring"])
+def test_leaves_rows_it_cannot_serve_unwritten(rng, module):
     """A sequence with two new tokens (its second key would come from another block) and one
     whose block table points outside the cache: their rows stay unwritten; the other rows
     keep the two kernels' bits, and the bad sequence's new key is still written, as qkv_rope
@@ -110,7 +115,8 @@ def test_leaves_rows_it_cannot_serve_unwritten(rng):
     meta["slot_mapping"] = np.concatenate([[slot48], meta["slot_mapping"][:4]]).astype(np.int32)
     meta["positions"] = np.concatenate([[48], meta["positions"][:4]]).astype(np.int32)
     tables[2, 1] = k_cache.shape[0] + 5  # sequence 2 (row 3): keys 16.. outside the cache
-    (out, kc, vc), (f_out, f_kc, f_vc) = both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta)
+    (out, kc, vc), (f_out, f_kc, f_vc) = both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta,
+                                                   module)  # fmt: skip
     assert np.isnan(f_out[[0, 1, 3, 4]]).all()
     np.testing.assert_array_equal(f_out[2], out[2])
     for row in (2, 3):  # the one-token sequences' new keys, written by both

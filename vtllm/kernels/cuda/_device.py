@@ -156,6 +156,11 @@ if SIMULATOR:
         return _lanes[tid ^ 16]
 
     @cuda.jit(device=True)
+    def lane_value(v, src):
+        tid, _ = _exchange(v)
+        return _lanes[tid - tid % 32 + src]
+
+    @cuda.jit(device=True)
     def warp_max(v):
         tid, nt = _exchange(v)
         base = tid - tid % 32
@@ -254,6 +259,11 @@ else:
     def lane_xor16(v):
         """v of the lane 16 away in this warp (every lane calls it)."""
         return cuda.shfl_xor_sync(FULL_MASK, v, 16)
+
+    @cuda.jit(device=True)
+    def lane_value(v, src):
+        """v of lane src (0 .. 31, its own for each lane) of this warp (every lane calls it)."""
+        return cuda.shfl_sync(FULL_MASK, v, src)
 
     @cuda.jit(device=True)
     def warp_max(v):

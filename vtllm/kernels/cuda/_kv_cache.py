@@ -15,6 +15,13 @@ array's dtype when a kernel is compiled (no branch at run time):
   kv_store(c, i, j, k, d, x): c[i, j, k, d] = x (rounded to bf16 for a uint16 cache,
       `cvt.rn.bf16.f32`).
   kv_rounded(c, x): the float32 that kv_value reads back after kv_store(c, .., x).
+  kv_copy4_async(c, at, s, i, live): items at .. at + 3 of c (flat offset, as kv_value4_at)
+      copied as they are stored to the uint32 shared array s from word i on, without passing
+      through registers (`cp.async`: 16 bytes for float32, cached in L2 only; 8 bytes for
+      bf16); live False reads nothing and zero-fills (no branch around the copy); completion
+      as for _ptx_shared.copy_async16_to.
+  kv_words4(c): the words such a copy fills (4 or 2), a constant of the kernel.
+  kv_shared4(c, s, i): the four float32 values of a kv_copy4_async copy at s[i ..].
 
 Under numba's simulator they are plain indexing with the same conversions.
 """
@@ -60,12 +67,29 @@ if SIMULATOR:
     def kv_rounded(c, x):
         return _bf16_value(_round_bf16(x)) if c.dtype == np.uint16 else np.float32(x)
 
+    def kv_words4(c):
+        return 2 if c.dtype == np.uint16 else 4
+
+    def kv_copy4_async(c, at, s, i, live):
+        items = np.zeros(4, c.dtype)
+        if live:
+            items = np.array([c[np.unravel_index(at + u, c.shape)] for u in range(4)], c.dtype)
+        for u, word in enumerate(items.view(np.uint32)):
+            s[i + u] = word
+
+    def kv_shared4(c, s, i):
+        words = np.array([s[i + u] for u in range(kv_words4(c))], np.uint32)
+        if c.dtype == np.uint16:
+            return tuple(_bf16_value(b) for b in words.view(np.uint16))
+        return tuple(words.view(np.float32))
+
 else:
     from llvmlite import ir
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 
     from vtllm.kernels.cuda._ptx import _asm_tuple, _cast_all, _pointer_at
+    from vtllm.kernels.cuda._ptx_shared import shared_address
 
     _F32, _I16, _I32 = ir.FloatType(), ir.IntType(16), ir.IntType(32)
     _STORAGE = (types.float32, types.uint16)
@@ -143,5 +167,61 @@ else:
             fnty = ir.FunctionType(_I16, [_F32])
             bits = builder.call(ir.InlineAsm(fnty, "cvt.rn.bf16.f32 $0, $1;", "=h,f"), [value])
             return _bf16_pair(builder, builder.zext(bits, _I32))[0]
+
+        return sig, codegen
+
+    @intrinsic
+    def kv_words4(typingctx, c):
+        if c.dtype not in _STORAGE:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return ir.Constant(_I32, 4 if sig.args[0].dtype == types.float32 else 2)
+
+        return types.int32(c), codegen
+
+    @intrinsic
+    def kv_copy4_async(typingctx, c, at, s, i, live):
+        if c.dtype not in _STORAGE or not isinstance(at, types.Integer):
+            return None
+        sig = types.void(c, at, s, i, live)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            src = builder.gep(ary.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            dst = shared_address(context, builder, sig.args[2], args[2], sig.args[3], args[3])
+            n = 16 if sig.args[0].dtype == types.float32 else 8
+            live = context.cast(builder, args[4], sig.args[4], types.boolean)
+            src_bytes = builder.select(live, ir.Constant(_I32, n), ir.Constant(_I32, 0))
+            level = "cg" if n == 16 else "ca"  # .cg takes 16 bytes only
+            text = f"cp.async.{level}.shared.global [$0], [$1], {n}, $2;"
+            fnty = ir.FunctionType(ir.VoidType(), [_I32, src.type, _I32])
+            asm = ir.InlineAsm(fnty, text, "r,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [dst, src, src_bytes])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def kv_shared4(typingctx, c, s, i):
+        if c.dtype not in _STORAGE:
+            return None
+        sig = types.UniTuple(types.float32, 4)(c, s, i)
+
+        def codegen(context, builder, sig, args):
+            addr = shared_address(context, builder, sig.args[1], args[1], sig.args[2], args[2])
+            n = 4 if sig.args[0].dtype == types.float32 else 2
+            outs = ",".join(f"${k}" for k in range(n))
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * n), [_I32])
+            # a side effect: kept after the wait and barrier that publish the copy
+            asm = ir.InlineAsm(fnty, f"ld.shared.v{n}.u32 {{{outs}}}, [${n}];", "=r," * n + "r",
+                               side_effect=True)  # fmt: skip
+            res = builder.call(asm, [addr])
+            words = [builder.extract_value(res, k) for k in range(n)]
+            if n == 4:
+                parts = [builder.bitcast(w, _F32) for w in words]
+            else:
+                parts = [*_bf16_pair(builder, words[0]), *_bf16_pair(builder, words[1])]
+            return context.make_tuple(builder, sig.return_type, parts)
 
         return sig, codegen

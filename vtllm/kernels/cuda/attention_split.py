@@ -543,10 +543,14 @@ def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
         prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                           out, stream=stream)  # fmt: skip
         return
-    i32, f32 = placeholder(np.int32), placeholder(np.float32)
-    no_rope = (i32, i32, placeholder(np.float32, 2), f32, f32, np.float32(0.0), False)
     _launch(_split_kernel, q.reshape(T, Hq * D), k_cache, v_cache, block_tables, seq_lens,
-            query_start_loc, scale, out, scratch, no_rope, stream)  # fmt: skip
+            query_start_loc, scale, out, scratch, no_rope_args(), stream)  # fmt: skip
+
+
+def no_rope_args() -> tuple:
+    """The split kernel's rope arguments for a launch without rope (never read)."""
+    i32, f32 = placeholder(np.int32), placeholder(np.float32)
+    return (i32, i32, placeholder(np.float32, 2), f32, f32, np.float32(0.0), False)
 
 
 def fuses_rope(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -570,6 +574,18 @@ def rope_attention(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps,
     a sequence with more new tokens are left unwritten in out (their keys would come from
     other blocks: the two kernels serve such steps). scratch: make_scratch's pair with at
     least T rows. Arguments as those of the two functions; out [T, Hq, D]."""
+    rope = checked_rope_args(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps,
+                             block_tables, seq_lens, query_start_loc, out, scratch, q_norm,
+                             k_norm)  # fmt: skip
+    if rope is not None:
+        _launch(_split_rope_kernel, qkv, k_cache, v_cache, block_tables, seq_lens,
+                query_start_loc, scale, out, scratch, rope, stream)  # fmt: skip
+
+
+def checked_rope_args(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, block_tables,
+                      seq_lens, query_start_loc, out, scratch, q_norm, k_norm):  # fmt: skip
+    """rope_attention's argument checks (ValueError on what it cannot take); the split
+    kernel's rope arguments, or None when there is nothing to do."""
     check_attention("rope_attention", out, out, k_cache, v_cache, block_tables, seq_lens,
                     query_start_loc)  # fmt: skip
     has_norm = check_qkv_rope("rope_attention", qkv, out, k_cache, v_cache, slot_mapping,
@@ -582,9 +598,7 @@ def rope_attention(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps,
         raise ValueError(f"rope_attention: scratch must be make_scratch's pair for at least "
                          f"{T} rows of {Hq} heads of {D} dims")  # fmt: skip
     if T == 0 or seq_lens.shape[0] == 0:
-        return
+        return None
     if not has_norm:
         q_norm = k_norm = placeholder(np.float32)  # never read
-    rope = (slot_mapping, positions, cos_sin, q_norm, k_norm, np.float32(eps), has_norm)
-    _launch(_split_rope_kernel, qkv, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-            scale, out, scratch, rope, stream)  # fmt: skip
+    return (slot_mapping, positions, cos_sin, q_norm, k_norm, np.float32(eps), has_norm)

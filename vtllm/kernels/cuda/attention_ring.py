@@ -1,0 +1,489 @@
+"""Paged attention over key splits for decode steps, each warp of a block streaming its own
+splits through a ring in shared memory: attention_split's decode kernel with its sums, so its
+bits. Hot path: keep it lean.
+
+Not wired in yet: it stands beside attention_split with the same entry points
+(split_attention, rope_attention, TARGET_BLOCKS; tools/device_bench_attention.py --variant
+times it against the split kernel) until the H200 shows it faster. Why it exists: the split
+kernel works a split across the whole block in three phases with four block barriers, reads
+each K row from shared memory once per query head, and passes every K and V value through
+registers and shared memory; Nsight on a first ring version (whole-split stages, 6 or 12
+warps an SM) found it latency-bound instead: 23.6 M warp instructions for the 8B shape at 32
+rows and 1,024 keys (~2.5x the FMAs), 1.4 to 2.5 warps a scheduler, 0.36 to 0.49 issued a
+cycle (BENCHMARKS.md). This version answers both: small ring items (more warps an SM) and the
+dot steps written out (numba kept the loop, with 64-bit counters and address math).
+
+A block serves one query token and one kv head (the GQA group's G query heads share every K
+and V load). It stages the scaled queries in shared memory once; then each warp works alone
+on splits z warps + w, + nz warps, .. with warp barriers only. A split's K and V reach the
+warp's ring of `stages` stages by cp.async as the cache stores them (float32 or bf16 bits),
+in items: K_ITEMS items of CHUNK dims of all 32 keys, then SPLIT / V_KEYS items of V_KEYS
+keys' V rows; the warp refills a stage with the item `stages` on as soon as it has read it
+(the next split's first items during this split's p @ V).
+  - scores: lane j takes key j and sums q_g . k_j for all G heads over each K item's dims
+    (k_j read once, each query value read by all lanes at once: a broadcast), then per head
+    the split's max and sum of exp by warp_max and warp_sum, p to the warp's shared row;
+  - p @ V: lane l sums columns 4l .. 4l + 3 of V for all G heads over each V item's keys.
+These are attention_split's sums in its order (q . k: four partial sums over dims in order,
+one per residue class mod 4; the softmax over the split's keys in lane order; p @ V: keys in
+order), and the split states go to the same scratch for the same combine: a token's output
+has the same bits through either kernel, and through the prefill one.
+
+rope_attention: the block's first warps norm and rotate its query heads (and the writer block
+its row's new key and v, stored to the cache) as attention_split's does; the block barrier
+after that orders the store before its warps' copies, which read the cache through L2 (the
+split kernel's ld.global.nc loads did not see it and patched the key in shared memory).
+"""
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+from vtllm.kernels.cuda._device import (
+    NEG_INF,
+    SIMULATOR,
+    imin,
+    lane_value,
+    sync_warp,
+    warp_max,
+    warp_sum,
+)
+from vtllm.kernels.cuda._kv_cache import kv_copy4_async, kv_shared4, kv_store, kv_words4
+from vtllm.kernels.cuda._ptx import (
+    copy_async_commit,
+    copy_async_waiter,
+    grid_dependency_sync,
+    item_at,
+)
+from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_f32x4
+from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
+from vtllm.kernels.cuda.attention_split import (
+    MAX_DIM,
+    MAX_GROUP,
+    SPLIT,
+    _combine_kernel,
+    _fits_scratch,
+    _head_values,
+    _rope_head,
+    _row,
+    _slot_of_slot,
+    _weight_values,
+    block_shift,
+    checked_rope_args,
+    fuses_rope,
+    make_scratch,
+    no_rope_args,
+    supports,
+)
+
+__all__ = [
+    "TARGET_BLOCKS",
+    "fuses_rope",
+    "make_scratch",
+    "rope_attention",
+    "split_attention",
+    "supports",
+]
+
+CHUNK = 32  # dims of a K ring item (SPLIT rows of them)
+V_KEYS = 8  # keys of a V ring item (rows of head_dim values)
+# (warps a block, ring stages a warp, registers a thread) by cache type. At 128 dims a stage
+# is 4.6 KB (float32) or 2.3 KB (bf16): three blocks an SM of float32 (12 warps, registers to
+# spare), four of bf16 (16 warps: 128 registers, a few spilled).
+GEOMETRY = {np.float32: (4, 3, 168), np.uint16: (4, 4, 128)}
+if SIMULATOR:
+    GEOMETRY = {np.float32: (2, 3, 0), np.uint16: (2, 4, 0)}
+Q_ITEMS = MAX_GROUP * MAX_DIM // 64  # query values a thread loads, at most (2 warps a block)
+SUMS = 4 * MAX_GROUP  # register arrays (numba needs plain constants): four sums a head
+STATES = 2 * MAX_GROUP  # a split's max and sum per head
+TARGET_BLOCKS = 396  # decode grid size to aim for (H200: 132 SMs, three blocks each)
+
+
+def _stage_words(head_dim: int, words4: int) -> int:
+    """A ring stage: a K item (SPLIT rows of CHUNK dims and a padding piece) or a V item
+    (V_KEYS rows of head_dim values); words4: the words of a 4-value piece (4 or 2)."""
+    return max(SPLIT * (CHUNK // 4 + 1) * words4, V_KEYS * head_dim // 4 * words4)
+
+
+def shared_bytes(group: int, head_dim: int, itemsize: int, warps: int, stages: int) -> int:
+    """Dynamic shared memory a block: the queries, each warp's probabilities and ring."""
+    ring = stages * _stage_words(head_dim, itemsize)  # itemsize 4 or 2: words4 likewise
+    return 4 * (group * head_dim + warps * (group * SPLIT + ring))
+
+
+@cuda.jit(device=True)
+def _key_row(block_tables, table_at, key, bs, shift, num_blocks, Hk, hk):
+    """(the cache row of a key of this kv head: (block * bs + offset) * Hk + hk, 1 where its
+    block-table entry is outside the cache (the row is then block 0's) else 0)."""
+    e, off = _slot_of_slot(key, bs, shift)
+    blk = item_at(block_tables, table_at + e)
+    bad = 0
+    if blk < 0 or blk >= num_blocks:
+        blk, bad = 0, 1
+    return np.int32((blk * bs + off) * Hk + hk), bad
+
+
+@cuda.jit(device=True)
+def _copy_item(k_cache, v_cache, ws, at, row, lane, D, sub, live):
+    """Ring item `sub` of a split into the stage at ws[at ..], lane j holding key j's cache
+    row in `row`: sub < K items: dims CHUNK sub .. of all 32 keys (K rows of CHUNK // 4 + 1
+    pieces, the last one padding: a lane reading piece u of its key then meets no other lane
+    on its bank); after them, V item v: the V rows of keys V_KEYS v .. (rows of D // 4
+    pieces). Each pass of the warp copies 32 pieces, whole rows of them. live False: nothing
+    read, zeros written (the lanes still trade rows: the simulator's exchange needs every
+    lane)."""
+    words4 = kv_words4(k_cache)
+    d32 = np.int32(D)
+    k_items = (D + CHUNK - 1) // CHUNK
+    if sub < k_items:  # piece lane + 32 i: key lane // 8 + 4 i, piece lane % 8 of the chunk
+        u = np.int32(lane % 8)
+        col = CHUNK * sub + 4 * u
+        valid = live and col < D  # past D (a last, narrower chunk): zeros, never read
+        col = imin(col, D - 4)
+        r = np.int32(lane // 8)
+        at += r * (CHUNK // 4 + 1) * words4 + u * words4
+        for _ in range(SPLIT // 4):
+            src = lane_value(row, r)
+            kv_copy4_async(k_cache, np.int64(src) * np.int64(d32) + col, ws, at, valid)
+            r = np.int32(r + 4)
+            at += 4 * (CHUNK // 4 + 1) * words4
+    else:  # piece lane + 32 i: key e // (D / 4), piece e % (D / 4) (D is the kernel's constant)
+        units = D // 4
+        key0 = V_KEYS * (sub - k_items)
+        for i in range((V_KEYS * units + 31) // 32):
+            e = lane + 32 * i
+            r, u = e // units, e % units
+            src = lane_value(row, key0 + imin(r, V_KEYS - 1))
+            if r < V_KEYS:  # a last pass of a head not a multiple of 16 dims: some lanes idle
+                kv_copy4_async(v_cache, np.int64(src) * np.int64(d32) + 4 * u, ws,
+                               at + (r * units + u) * words4, live)  # fmt: skip
+
+
+@cuda.jit(device=True)
+def _refill(k_cache, v_cache, ws, at, row, row_next, lane, D, item, items, live, live_next):
+    """Ring item `item` of this split (rows `row`), or item - items of the next one, into the
+    stage at ws[at ..]."""
+    if item >= items:
+        row, item, live = row_next, item - items, live_next
+    _copy_item(k_cache, v_cache, ws, at, row, lane, D, item, live)
+
+
+@cuda.jit(device=True)
+def _dot4(fs, ws, cache, k_at, q_at, D, group, sc):
+    """sc[4 g + c] += q_g[d + c] * k[d + c] for a four-value piece of k at ws[k_at ..] and of
+    each query head g at fs[q_at + g D ..]."""
+    k0, k1, k2, k3 = kv_shared4(cache, ws, k_at)
+    for g in range(group):
+        q0, q1, q2, q3 = shared_f32x4(fs, q_at + g * D)
+        sc[4 * g] += q0 * k0
+        sc[4 * g + 1] += q1 * k1
+        sc[4 * g + 2] += q2 * k2
+        sc[4 * g + 3] += q3 * k3
+
+
+@cuda.jit(device=True)
+def _dot_chunk(fs, ws, cache, k_at, q_at, D, group, n, sc):
+    """The n (<= 8) pieces of a K item's row at ws[k_at ..] against the queries from
+    fs[q_at ..], in order; written out, since numba leaves a loop of them a loop with 64-bit
+    counters and address math at every step (the first version's SASS: 67 instructions for
+    two steps' 42)."""
+    w4 = kv_words4(cache)
+    _dot4(fs, ws, cache, k_at, q_at, D, group, sc)
+    if n > 1:
+        _dot4(fs, ws, cache, k_at + w4, q_at + 4, D, group, sc)
+    if n > 2:
+        _dot4(fs, ws, cache, k_at + 2 * w4, q_at + 8, D, group, sc)
+    if n > 3:
+        _dot4(fs, ws, cache, k_at + 3 * w4, q_at + 12, D, group, sc)
+    if n > 4:
+        _dot4(fs, ws, cache, k_at + 4 * w4, q_at + 16, D, group, sc)
+    if n > 5:
+        _dot4(fs, ws, cache, k_at + 5 * w4, q_at + 20, D, group, sc)
+    if n > 6:
+        _dot4(fs, ws, cache, k_at + 6 * w4, q_at + 24, D, group, sc)
+    if n > 7:
+        _dot4(fs, ws, cache, k_at + 7 * w4, q_at + 28, D, group, sc)
+
+
+@cuda.jit(device=True)
+def _softmax(sc, ml, fs, p_at, valid, lane, group):
+    """Per head g: the split's max and sum of exp (ml[2 g], ml[2 g + 1]) of the scores (sc's
+    four partial sums; -inf where not valid) by warp_max and warp_sum over its keys in lane
+    order, and p_g to fs[p_at + g SPLIT + lane]. Every lane of the warp calls it."""
+    for g in range(group):
+        score = NEG_INF
+        if valid:
+            score = (sc[4 * g] + sc[4 * g + 1]) + (sc[4 * g + 2] + sc[4 * g + 3])
+        m = warp_max(score)
+        p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
+        ml[2 * g], ml[2 * g + 1] = m, warp_sum(p)
+        fs[p_at + g * SPLIT + lane] = p
+
+
+@cuda.jit(device=True)
+def _columns(fs, ws, cache, v_at, p_at, v_row, group, acc, ps):
+    """acc[4 g + e] += p_g[j] * V[j, e] over a V item's V_KEYS keys j in order (this lane's
+    four columns of its first row at ws[v_at ..], rows v_row words apart; p_g of its first
+    key at fs[p_at + g SPLIT]), p read four keys at a time into ps."""
+    for _ in range(V_KEYS // 4):
+        for g in range(group):
+            ps[4 * g], ps[4 * g + 1], ps[4 * g + 2], ps[4 * g + 3] = shared_f32x4(
+                fs, p_at + g * SPLIT
+            )
+        for u in range(4):
+            v0, v1, v2, v3 = kv_shared4(cache, ws, v_at + u * v_row)
+            for g in range(group):
+                p = ps[4 * g + u]
+                acc[4 * g] += p * v0
+                acc[4 * g + 1] += p * v1
+                acc[4 * g + 2] += p * v2
+                acc[4 * g + 3] += p * v3
+        p_at += 4
+        v_at += 4 * v_row
+
+
+@cuda.jit(device=True)
+def _split_rows(block_tables, table_at, sp, n_keys, bs, shift, num_blocks, Hk, hk, lane):
+    """(the cache row of key `lane` of split sp, 1 where that key's block-table entry is bad);
+    lanes past the last key take its first key's row (finite values that p = 0 will
+    weigh)."""
+    lo = sp * SPLIT
+    key = lo + (lane if lane < n_keys - lo else 0)
+    row, bad = _key_row(block_tables, table_at, key, bs, shift, num_blocks, Hk, hk)
+    return row, bad
+
+
+def _kernel_for(rope: bool, group: int, head_dim: int, warps: int, stages: int, registers: int):
+    """The split kernel (module docstring) for GQA groups of `group` query heads of head_dim
+    dims, blocks of `warps` warps and rings of `stages` stages (constants of the kernel: its
+    loops have fixed trip counts, one copy of the code each); with rope it reads q from qkv
+    and does qkv_rope's work for its row first (rope_attention)."""
+    assert stages <= -(-head_dim // CHUNK) + SPLIT // V_KEYS  # the prologue's items: one split's
+    threads = 32 * warps
+    k_items = -(-head_dim // CHUNK)
+    items = k_items + SPLIT // V_KEYS  # ring items a split
+    wait_oldest = copy_async_waiter(stages - 1)  # the oldest of `stages` copy groups landed
+    q_items = -(-group * MAX_DIM // threads)  # query values a thread loads, at most
+
+    @cuda.jit(cache=True, **({"max_registers": registers} if registers else {}))
+    def kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, part_acc,
+               part_ml, slot_mapping, positions, cos_sin, q_norm, k_norm, eps,
+               has_norm):  # fmt: skip
+        grid_dependency_sync()
+        t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
+        tid = cuda.threadIdx.x
+        w, lane = tid // 32, tid % 32
+        num_blocks, bs, Hk = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+        Hq = part_acc.shape[1]
+        G, D = group, head_dim
+        # The queries go in the same trip to memory as the row's metadata (they do not depend
+        # on it); q is [T, Hq * D] (or qkv, whose first Hq * D columns are q), so this kv
+        # head's G query heads are one run of G * D values, staged as they come.
+        if rope:  # a head per warp (_rope_head): the first round's (query head w, or the new
+            # key for w = G, its v and norm weights too) and the row's position and slot
+            n = D // 32
+            is_key = w == G
+            at = (Hq + hk if is_key else hk * G + w) * D
+            zero = np.float32(0.0)
+            x = v = nw = (zero, zero, zero, zero)
+            if w <= G:
+                x = _head_values(q, t, at, lane, n)
+                if has_norm:
+                    nw = _weight_values(k_norm if is_key else q_norm, lane, n)
+            if is_key:
+                v = _head_values(q, t, at + Hk * D, lane, n)
+            pos, slot = positions[t], slot_mapping[t]
+            turn = 0 <= pos < cos_sin.shape[0]  # padding or a bad position: not rotated
+            c0 = s0 = c1 = s1 = np.float32(0.0)
+            if turn:  # the cos and sin of this lane's pairs (_rope_head)
+                i = lane % 16 if n == 1 else lane
+                c0, s0 = cos_sin[pos, i], cos_sin[pos, D // 2 + i]
+                if n > 2:
+                    c1, s1 = cos_sin[pos, 32 + lane], cos_sin[pos, D // 2 + 32 + lane]
+        else:
+            qv = cuda.local.array(Q_ITEMS, float32)
+            for i in range(q_items):
+                e = tid + i * threads
+                if e < G * D:
+                    qv[i] = q[t, hk * G * D + e]
+        s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
+        n_splits = (n_keys + SPLIT - 1) // SPLIT
+        if s < 0 or z * warps >= n_splits:
+            return
+        fs = cuda.shared.array(0, float32)  # dynamic: queries, probabilities, rings
+        ws = cuda.shared.array(0, uint32)  # the same memory: the rings' raw cache words
+        shift = block_shift(bs)
+        step = nz * warps  # warp w of block z takes splits z warps + w, then + step, ..
+        if rope:
+            if query_start_loc[s + 1] - query_start_loc[s] != 1:  # not a one-token row
+                if z == 0 and tid < G:  # a negative sum: the combine leaves the row unwritten
+                    part_ml[t, hk * G + tid, 0, 1] = -1.0
+                return
+            # The block whose warps read the row's newest key makes that key and stores it
+            # first: the barrier below orders the store before its warps' copies, which read
+            # the cache through L2 (the old kernel's ld.global.nc reads did not see it).
+            writer = (n_splits - 1) % step // warps == z
+            for g0 in range(0, G + 1, warps):  # block-uniform: every warp reduces alike
+                g = g0 + w
+                if g0 > 0:  # later rounds (G >= warps) load their heads now
+                    x = (zero, zero, zero, zero)
+                    if g <= G:
+                        at = (Hq + hk if g == G else hk * G + g) * D
+                        x = _head_values(q, t, at, lane, n)
+                        if g == G:
+                            v = _head_values(q, t, at + Hk * D, lane, n)
+                        if has_norm:
+                            nw = _weight_values(k_norm if g == G else q_norm, lane, n)
+                x = _rope_head(x[0], x[1], x[2], x[3], nw[0], nw[1], nw[2], nw[3], c0, s0, c1, s1,
+                               lane, D, eps, has_norm, turn)  # fmt: skip
+                if g < G:
+                    for c in range(4):
+                        if c < n:
+                            fs[g * D + 32 * c + lane] = x[c] * scale
+                elif g == G and writer and 0 <= slot < num_blocks * bs:  # not padding
+                    blk, off = _slot_of_slot(slot, bs, shift)
+                    for c in range(4):
+                        if c < n:
+                            kv_store(k_cache, blk, off, hk, 32 * c + lane, x[c])
+                            kv_store(v_cache, blk, off, hk, 32 * c + lane, v[c])
+        else:
+            for i in range(q_items):
+                e = tid + i * threads
+                if e < G * D:
+                    fs[e] = qv[i] * scale
+        cuda.syncthreads()
+
+        # From here each warp works alone through its ring (warp barriers only).
+        first = z * warps + w
+        count = (n_splits - first + step - 1) // step if first < n_splits else 0
+        trips = count
+        if SIMULATOR:  # warp 0's count: every thread makes the same (block) barriers
+            trips = (n_splits - z * warps + step - 1) // step
+        elif count == 0:
+            return
+        units = D // 4
+        words4 = kv_words4(k_cache)
+        k_row = (CHUNK // 4 + 1) * words4  # words of a K item's row
+        stage_words = max(SPLIT * k_row, V_KEYS * units * words4)  # _stage_words
+        p_at = G * D + w * G * SPLIT
+        ring = G * D + warps * G * SPLIT + w * stages * stage_words
+        table_at = s * block_tables.shape[1]
+        col = imin(lane, units - 1)  # p @ V: this lane's four columns (lanes past D repeat)
+        sc = cuda.local.array(SUMS, float32)
+        acc = cuda.local.array(SUMS, float32)
+        ps = cuda.local.array(SUMS, float32)
+        ml = cuda.local.array(STATES, float32)
+        rows = (block_tables, table_at)
+        row, bad = np.int32(0), 0
+        if count > 0:
+            row, bad = _split_rows(*rows, first, n_keys, bs, shift, num_blocks, Hk, hk, lane)
+        for sub in range(stages):  # the first split's first items in flight
+            _copy_item(k_cache, v_cache, ws, ring + sub * stage_words, row, lane, D, sub,
+                       count > 0)  # fmt: skip
+            copy_async_commit()
+        for c in range(trips):
+            live = c < count
+            sp = first + c * step
+            n_here = imin(n_keys - sp * SPLIT, SPLIT)
+            row_next, bad_next = np.int32(0), 0
+            if c + 1 < count:  # read a split ahead: in hand when its first item is copied
+                row_next, bad_next = _split_rows(*rows, sp + step, n_keys, bs, shift,
+                                                 num_blocks, Hk, hk, lane)  # fmt: skip
+            for e in range(SUMS):
+                sc[e] = np.float32(0.0)
+            here = c * items  # the ring position of the split's first item
+            for sub in range(k_items):  # q . k over each K item's dims, lane j key j
+                wait_oldest()  # this lane's copies of the item have landed
+                sync_warp()  # and every lane's
+                at = ring + (here + sub) % stages * stage_words
+                n = CHUNK // 4 if D % CHUNK == 0 else imin(CHUNK, D - CHUNK * sub) // 4
+                if live and lane < n_here:
+                    _dot_chunk(fs, ws, k_cache, at + lane * k_row, CHUNK * sub, D, G, n, sc)
+                sync_warp()  # the stage read by every lane: the item `stages` on goes there
+                _refill(k_cache, v_cache, ws, at, row, row_next, lane, D, sub + stages, items,
+                        live, c + 1 < count)  # fmt: skip
+                copy_async_commit()  # (an empty group past the end keeps the count)
+            _softmax(sc, ml, fs, p_at, live and lane < n_here, lane, G)
+            split_bad = warp_max(np.float32(bad))  # any lane's key
+            for e in range(SUMS):
+                acc[e] = np.float32(0.0)
+            for vi in range(SPLIT // V_KEYS):  # p @ V over each V item's keys, lane l
+                sub = k_items + vi  # columns 4l .. 4l + 3
+                wait_oldest()
+                sync_warp()  # (and p written by every lane)
+                at = ring + (here + sub) % stages * stage_words
+                if live:
+                    _columns(fs, ws, v_cache, at + col * words4, p_at + V_KEYS * vi,
+                             units * words4, G, acc, ps)  # fmt: skip
+                sync_warp()
+                _refill(k_cache, v_cache, ws, at, row, row_next, lane, D, sub + stages, items,
+                        live, c + 1 < count)  # fmt: skip
+                copy_async_commit()
+            if live:
+                for g in range(G):
+                    h = hk * G + g
+                    if lane < units:
+                        store_f32x4(part_acc, (t, h, sp, 4 * lane), acc[4 * g], acc[4 * g + 1],
+                                    acc[4 * g + 2], acc[4 * g + 3])  # fmt: skip
+                    if lane == 0:  # a negative sum: the combine leaves the row unwritten
+                        part_ml[t, h, sp, 0] = ml[2 * g]
+                        part_ml[t, h, sp, 1] = ml[2 * g + 1] if split_bad == 0 else -1.0
+            row, bad = row_next, bad_next
+
+    return kernel
+
+
+@functools.cache
+def _kernel(rope: bool, group: int, head_dim: int, geometry: tuple[int, int, int]):
+    return _kernel_for(rope, group, head_dim, *geometry)
+
+
+def _launch(rope, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+            scratch, rope_args, stream) -> None:  # fmt: skip
+    """The split kernel over blocks (row, kv head, z), then the combine."""
+    T, Hq, D = out.shape
+    Hk, bs = k_cache.shape[2], k_cache.shape[1]
+    part_acc, part_ml = scratch[0][:T], scratch[1][:T]
+    geometry = GEOMETRY[k_cache.dtype.type]
+    warps, stages, _ = geometry
+    # about TARGET_BLOCKS blocks, their warps looping over splits z warps + w, + nz warps, ..:
+    # with a warp per split of the longest context, a batch of short rows launches mostly
+    # empty blocks
+    nz = min(-(-part_acc.shape[2] // warps), max(1, -(-TARGET_BLOCKS // (T * Hk))))
+    kernel = _kernel(rope, Hq // Hk, D, geometry)
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, np.float32(scale),
+            part_acc, part_ml, *rope_args)  # fmt: skip
+    nbytes = shared_bytes(Hq // Hk, D, k_cache.dtype.itemsize, warps, stages)
+    allow_dynamic_shared(kernel, args, nbytes)
+    kernel[(T, Hk, nz), 32 * warps, stream, nbytes](*args)
+    _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](
+        part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out
+    )
+
+
+def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+                    scratch, *, stream=0) -> None:  # fmt: skip
+    """As attention_split.split_attention (the same arguments and bits)."""
+    T, Hq, D = q.shape
+    if not _fits_scratch(scratch, T, Hq, D):
+        from vtllm.kernels.cuda.attention_prefill import prefill_attention
+
+        prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                          out, stream=stream)  # fmt: skip
+        return
+    _launch(False, q.reshape(T, Hq * D), k_cache, v_cache, block_tables, seq_lens,
+            query_start_loc, scale, out, scratch, no_rope_args(), stream)  # fmt: skip
+
+
+def rope_attention(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, block_tables,
+                   seq_lens, query_start_loc, scale, out, scratch, *, q_norm=None, k_norm=None,
+                   stream=0) -> None:  # fmt: skip
+    """As attention_split.rope_attention (the same arguments, checks and bits)."""
+    rope = checked_rope_args(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps,
+                             block_tables, seq_lens, query_start_loc, out, scratch, q_norm,
+                             k_norm)  # fmt: skip
+    if rope is not None:
+        _launch(True, qkv, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+                scratch, rope, stream)  # fmt: skip

@@ -4,22 +4,22 @@ bits. Hot path: keep it lean.
 
 Not wired in yet: it stands beside attention_split with the same entry points
 (split_attention, rope_attention, TARGET_BLOCKS; tools/device_bench_attention.py --variant
-times it against the split kernel) until the H200 shows it faster. Why it exists: the split
-kernel works a split across the whole block in three phases with four block barriers, reads
-each K row from shared memory once per query head, and passes every K and V value through
-registers and shared memory; Nsight on a first ring version (whole-split stages, 6 or 12
-warps an SM) found it latency-bound instead: 23.6 M warp instructions for the 8B shape at 32
-rows and 1,024 keys (~2.5x the FMAs), 1.4 to 2.5 warps a scheduler, 0.36 to 0.49 issued a
-cycle (BENCHMARKS.md). This version answers both: small ring items (more warps an SM) and the
-dot steps written out (numba kept the loop, with 64-bit counters and address math).
+times it against the split kernel) until the H200 shows it faster. Why: the split kernel works
+a split across its whole block in three phases with four block barriers, reads each K row
+from shared memory once per query head and passes every K and V value through registers and
+shared memory. A first ring version (whole-split stages) gained only 3-12%; Nsight found it
+latency-bound, with too few warps (6 or 12 an SM for ~70 KB of rings a block) and ~2.5x as
+many instructions as FMAs, numba having kept the dot loop a loop with 64-bit counters and
+address math (BENCHMARKS.md). This version: small ring items (12 or 16 warps an SM) and the
+dot steps written out.
 
 A block serves one query token and one kv head (the GQA group's G query heads share every K
 and V load). It stages the scaled queries in shared memory once; then each warp works alone
 on splits z warps + w, + nz warps, .. with warp barriers only. A split's K and V reach the
 warp's ring of `stages` stages by cp.async as the cache stores them (float32 or bf16 bits),
-in items: K_ITEMS items of CHUNK dims of all 32 keys, then SPLIT / V_KEYS items of V_KEYS
-keys' V rows; the warp refills a stage with the item `stages` on as soon as it has read it
-(the next split's first items during this split's p @ V).
+in items: ceil(D / CHUNK) items of CHUNK dims of all 32 keys, then SPLIT / V_KEYS items of
+V_KEYS keys' V rows; the warp refills a stage with the item `stages` on as soon as it has read
+it (the next split's first items during this split's p @ V).
   - scores: lane j takes key j and sums q_g . k_j for all G heads over each K item's dims
     (k_j read once, each query value read by all lanes at once: a broadcast), then per head
     the split's max and sum of exp by warp_max and warp_sum, p to the warp's shared row;
@@ -31,8 +31,8 @@ has the same bits through either kernel, and through the prefill one.
 
 rope_attention: the block's first warps norm and rotate its query heads (and the writer block
 its row's new key and v, stored to the cache) as attention_split's does; the block barrier
-after that orders the store before its warps' copies, which read the cache through L2 (the
-split kernel's ld.global.nc loads did not see it and patched the key in shared memory).
+after that orders the store before its warps' copies (cp.async reads are ordinary weak loads;
+the split kernel's ld.global.nc loads were not, so it patched the key in shared memory).
 """
 
 import functools

@@ -101,15 +101,16 @@ STATES = 2 * MAX_GROUP  # a split's max and sum per head
 TARGET_BLOCKS = 396  # decode grid size to aim for (H200: 132 SMs, three blocks each)
 
 
-def _stage_words(head_dim: int, words4: int) -> int:
-    """A ring stage: a K item (SPLIT rows of CHUNK dims and a padding piece) or a V item
-    (V_KEYS rows of head_dim values); words4: the words of a 4-value piece (4 or 2)."""
-    return max(SPLIT * (CHUNK // 4 + 1) * words4, V_KEYS * head_dim // 4 * words4)
+def _stage_words(head_dim: int, itemsize: int) -> int:
+    """A ring stage in words: a K item (SPLIT rows of CHUNK dims and a padding piece) or a V
+    item (V_KEYS rows of head_dim values), of cache items of itemsize bytes (a 4-value piece
+    fills itemsize words: kv_words4)."""
+    return max(SPLIT * (CHUNK // 4 + 1) * itemsize, V_KEYS * head_dim // 4 * itemsize)
 
 
 def shared_bytes(group: int, head_dim: int, itemsize: int, warps: int, stages: int) -> int:
     """Dynamic shared memory a block: the queries, each warp's probabilities and ring."""
-    ring = stages * _stage_words(head_dim, itemsize)  # itemsize 4 or 2: words4 likewise
+    ring = stages * _stage_words(head_dim, itemsize)
     return 4 * (group * head_dim + warps * (group * SPLIT + ring))
 
 
@@ -255,9 +256,11 @@ def _split_rows(block_tables, table_at, sp, n_keys, bs, shift, num_blocks, Hk, h
     return row, bad
 
 
-def _kernel_for(rope: bool, group: int, head_dim: int, warps: int, stages: int, registers: int):
+def _kernel_for(rope: bool, group: int, head_dim: int, itemsize: int, warps: int, stages: int,
+                registers: int):  # fmt: skip
     """The split kernel (module docstring) for GQA groups of `group` query heads of head_dim
-    dims, blocks of `warps` warps and rings of `stages` stages (constants of the kernel: its
+    dims over a cache of itemsize-byte values, blocks of `warps` warps and rings of `stages`
+    stages (constants of the kernel: its
     loops have fixed trip counts, one copy of the code each); with rope it reads q from qkv
     and does qkv_rope's work for its row first (rope_attention)."""
     assert stages <= -(-head_dim // CHUNK) + SPLIT // V_KEYS  # the prologue's items: one split's
@@ -265,6 +268,7 @@ def _kernel_for(rope: bool, group: int, head_dim: int, warps: int, stages: int, 
     k_items = -(-head_dim // CHUNK)
     items = k_items + SPLIT // V_KEYS  # ring items a split
     wait_oldest = copy_async_waiter(stages - 1)  # the oldest of `stages` copy groups landed
+    stage_words = _stage_words(head_dim, itemsize)  # shared_bytes' layout
     q_items = -(-group * MAX_DIM // threads)  # query values a thread loads, at most
 
     @cuda.jit(cache=True, **({"max_registers": registers} if registers else {}))
@@ -366,7 +370,6 @@ def _kernel_for(rope: bool, group: int, head_dim: int, warps: int, stages: int, 
         units = D // 4
         words4 = kv_words4(k_cache)
         k_row = (CHUNK // 4 + 1) * words4  # words of a K item's row
-        stage_words = max(SPLIT * k_row, V_KEYS * units * words4)  # _stage_words
         p_at = G * D + w * G * SPLIT
         ring = G * D + warps * G * SPLIT + w * stages * stage_words
         table_at = s * block_tables.shape[1]
@@ -436,8 +439,8 @@ def _kernel_for(rope: bool, group: int, head_dim: int, warps: int, stages: int, 
 
 
 @functools.cache
-def _kernel(rope: bool, group: int, head_dim: int, geometry: tuple[int, int, int]):
-    return _kernel_for(rope, group, head_dim, *geometry)
+def _kernel(rope: bool, group: int, head_dim: int, itemsize: int, geometry: tuple[int, int, int]):
+    return _kernel_for(rope, group, head_dim, itemsize, *geometry)
 
 
 def _launch(rope, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
@@ -452,7 +455,7 @@ def _launch(rope, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
     # with a warp per split of the longest context, a batch of short rows launches mostly
     # empty blocks
     nz = min(-(-part_acc.shape[2] // warps), max(1, -(-TARGET_BLOCKS // (T * Hk))))
-    kernel = _kernel(rope, Hq // Hk, D, geometry)
+    kernel = _kernel(rope, Hq // Hk, D, k_cache.dtype.itemsize, geometry)
     args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, np.float32(scale),
             part_acc, part_ml, *rope_args)  # fmt: skip
     nbytes = shared_bytes(Hq // Hk, D, k_cache.dtype.itemsize, warps, stages)

@@ -74,6 +74,10 @@ class Mailbox:
             pending.merge(update)
         self._ready.set()
 
+    def poke(self) -> None:
+        """Wakes the reader with nothing: its get_all returns an empty dict."""
+        self._ready.set()
+
     async def get_all(self) -> dict[object, Update]:
         await self._ready.wait()
         updates, self._pending = self._pending, {}

@@ -8,8 +8,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import anyio
-
 from vtllm.engine.loop import Mailbox, StepLoop, Update
 from vtllm.scheduler.request import Request
 from vtllm.scheduler.sampling_params import SamplingParams
@@ -40,14 +38,12 @@ class Submission:
             if not choice.total.finished:
                 loop.abort(choice.request_id, disconnected_at)
 
-    async def updates(self, ping_after: float | None = None):
-        """Yields (choice, update) until every choice has finished; (None, None) when nothing
-        came for `ping_after` seconds (the caller sends a keep-alive)."""
+    async def updates(self):
+        """Yields (choice, update) until every choice has finished; (None, None) when the
+        mailbox was poked with nothing (the caller sends a keep-alive)."""
         while not self.finished:
-            updates = None
-            with anyio.move_on_after(ping_after):
-                updates = await self.mailbox.get_all()
-            if updates is None:
+            updates = await self.mailbox.get_all()
+            if not updates:
                 yield None, None
                 continue
             for index, update in updates.items():

@@ -182,7 +182,7 @@ def _stream(state, sub, shaper, scope) -> SSEResponse:
         try:
             for chunk in shaper.opening():
                 yield encode(chunk)
-            async for choice, update in sub.updates(state.config.server_sse_ping_s):
+            async for choice, update in sub.updates():
                 if choice is None:
                     yield PING
                     continue
@@ -204,8 +204,13 @@ def _stream(state, sub, shaper, scope) -> SSEResponse:
 
     observer = state.loop.observer
     on_stall = None if observer is None else observer.on_write_stall
+    config = state.config
     return SSEResponse(
-        events(), stall_timeout_s=state.config.server_write_stall_timeout_s, on_stall=on_stall
+        events(),
+        stall_timeout_s=config.server_write_stall_timeout_s,
+        on_stall=on_stall,
+        idle_s=config.server_sse_ping_s,
+        on_idle=sub.mailbox.poke,
     )
 
 

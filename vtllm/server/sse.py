@@ -97,7 +97,8 @@ class SSEResponse(StreamingResponse):
 
     async def _watch(self, scope: anyio.CancelScope) -> None:
         """Cancels `scope` once a send has made no progress for stall_timeout_s; calls
-        on_idle once nothing was sent for idle_s. Wakes only at those deadlines."""
+        on_idle once nothing was sent for idle_s. Wakes at those deadlines, and every idle_s
+        while a send is in flight (so a ping after a slow send is at most idle_s late)."""
         timeout = self.stall_timeout_s
         while True:
             now = anyio.current_time()
@@ -106,10 +107,15 @@ class SSEResponse(StreamingResponse):
                 self._stalled = True
                 scope.cancel()
                 return
-            wake = (now if since is None else since) + timeout
-            if self.idle_s is not None:
-                if since is None and now - self._last_send >= self.idle_s:
-                    self._last_send = now  # the next ping is due idle_s from this one
-                    self.on_idle()
-                wake = min(wake, self._last_send + self.idle_s)
-            await anyio.sleep(wake - now)
+            if since is not None:  # a send in flight: no ping, but look again within idle_s
+                wake = since + timeout
+                if self.idle_s is not None:
+                    wake = min(wake, now + self.idle_s)
+            else:
+                wake = now + timeout
+                if self.idle_s is not None:
+                    if now - self._last_send >= self.idle_s:
+                        self._last_send = now  # the next ping is due idle_s from this one
+                        self.on_idle()
+                    wake = min(wake, self._last_send + self.idle_s)
+            await anyio.sleep(max(wake - now, 0.0))  # never negative, even after rounding

@@ -43,3 +43,17 @@ def test_text_that_may_become_a_stop_is_held_back(default_model):
 def test_no_stops_streams_everything(default_model):
     out, stopped, sent = _run(default_model.tokenizer, "plain text here")
     assert out == "plain text here" and stopped is None and all(sent[:-1])
+
+
+def test_held_text_stays_short_over_a_long_stream(default_model):
+    tok = default_model.tokenizer
+    stream = TextStream(tok, [], SamplingParams(stop=["never appears"]))
+    ids = tok.encode("a long line of text, again and again. " * 200)
+    sent = [stream.push([i], final=False) for i in ids]
+    sent.append(stream.push([], final=True))
+    assert "".join(sent) == tok.decode(ids) and stream.stopped_by is None
+    # between pushes only what could still begin the stop string is kept
+    stream = TextStream(tok, [], SamplingParams(stop=["never appears"]))
+    for i in ids:
+        stream.push([i], final=False)
+        assert len(stream.pending) <= len("never appears") - 1

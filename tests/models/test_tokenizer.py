@@ -34,3 +34,28 @@ def test_incremental_detokenizer_never_splits_characters(default_model):
     pieces = [detok.push([i]) for i in ids]
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_skipped_special_tokens_render_as_in_a_whole_decode_and_stay_out_of_the_window(
+    default_model,
+):
+    tok = default_model.tokenizer
+    eos = tok.eos_token_ids[0]
+    assert eos in tok.special_ids and tok.decode([eos]) == ""
+    ids = tok.encode("Hello, wörld 🙂 again")
+    mixed = [eos, *ids[:3], eos, eos, *ids[3:], *[eos] * 1000, *ids]
+    detok = IncrementalDetokenizer(tok, [eos, *ids[:2]])
+    pieces = [detok.push([i]) for i in mixed]
+    assert "".join(pieces) == tok.decode(mixed)
+    # 1,000 EOS in a row (ignore_eos) did not widen the decoded window
+    assert len(detok.ids) - detok.prefix_offset <= 8
+
+
+def test_special_tokens_are_text_when_not_skipped(default_model):
+    tok = default_model.tokenizer
+    eos = tok.eos_token_ids[0]
+    ids = [*tok.encode("Hi"), eos, *tok.encode(" there")]
+    detok = IncrementalDetokenizer(tok, [], skip_special_tokens=False)
+    pieces = [detok.push([i]) for i in ids]
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=False)
+    assert tok.special_token(eos) in "".join(pieces)

@@ -13,32 +13,31 @@ class TextStream:
         self.stops = tuple(params.stop)
         self.include_stop = params.include_stop_str_in_output
         self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.text = ""  # everything decoded so far (may be truncated at a stop string)
-        self.num_sent = 0  # characters of `text` already handed out
+        # Decoded text not yet handed out: at most `hold` characters between pushes, so a
+        # push costs the same at the 4,000th token as at the first. A stop string cannot start
+        # in text already handed out: it would have been whole, and found, when that text was.
+        self.pending = ""
         self.stopped_by: str | None = None
 
     def push(self, token_ids: list[int], *, final: bool) -> str:
         """Adds tokens; returns the text that is now safe to send."""
         if self.stopped_by is None and token_ids:
-            start = max(0, len(self.text) - self.hold)
-            self.text += self.detokenizer.push(token_ids)
-            self._find_stop(start)
-        end = (
-            len(self.text)
-            if final or self.stopped_by
-            else max(self.num_sent, len(self.text) - self.hold)
-        )
-        delta = self.text[self.num_sent : end]
-        self.num_sent = end
+            self.pending += self.detokenizer.push(token_ids)
+            self._find_stop()
+        if final or self.stopped_by:
+            cut = len(self.pending)
+        else:
+            cut = max(0, len(self.pending) - self.hold)
+        delta, self.pending = self.pending[:cut], self.pending[cut:]
         return delta
 
-    def _find_stop(self, start: int) -> None:
+    def _find_stop(self) -> None:
         best = None
         for stop in self.stops:
-            i = self.text.find(stop, start)
+            i = self.pending.find(stop)
             if i >= 0 and (best is None or i < best[0]):
                 best = (i, stop)
         if best is not None:
             i, stop = best
-            self.text = self.text[: i + len(stop) if self.include_stop else i]
+            self.pending = self.pending[: i + len(stop) if self.include_stop else i]
             self.stopped_by = stop

@@ -68,23 +68,36 @@ class Tokenizer:
     def special_token(self, token_id: int | None) -> str:
         return "" if token_id is None else self.token_text(token_id)
 
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Ids that decode(skip_special_tokens=True) leaves out."""
+        added = self.backend.get_added_tokens_decoder()
+        return frozenset(i for i, token in added.items() if token.special)
+
 
 class IncrementalDetokenizer:
     """Turns a growing list of ids into text deltas that never split a UTF-8 character.
 
     Decodes a short window around the new ids (prefix_offset..end) and emits only what is new
     past read_offset, holding back output that ends in a replacement character, which means a
-    multi-byte character is still incomplete.
+    multi-byte character is still incomplete. Ids that skip_special_tokens leaves out never
+    enter the window: they render as nothing wherever they stand, and kept there they would
+    grow it by one each (a model repeating its EOS under ignore_eos: quadratic time).
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], skip_special_tokens=True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.ids = list(prompt_ids[-6:])
+        self.skipped = tokenizer.special_ids if skip_special_tokens else frozenset()
+        self.ids = [i for i in prompt_ids[-6:] if i not in self.skipped]
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
 
     def push(self, new_ids) -> str:
+        skipped = self.skipped
+        new_ids = [i for i in new_ids if i not in skipped]
+        if not new_ids:
+            return ""
         self.ids.extend(new_ids)
         decode = self.tokenizer.decode
         prefix = decode(

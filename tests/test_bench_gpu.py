@@ -166,3 +166,16 @@ def test_batched_bench_table_gives_a_step_time_per_batch():
     assert out["32"]["step_ms"] == pytest.approx(1065.0 / 128)
     with pytest.raises(ValueError):
         parse_batched_bench("no table here")
+
+
+def test_the_llama_cpp_peer_gets_a_gguf_copy_of_the_checkpoint_written_once(tmp_path):
+    from vtllm.models.loader import load_model
+    from vtllm.models.synthetic import write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "tiny-qwen3", "tiny-qwen3", bf16=True)
+    gguf = bench_gpu.ensure_gguf(ckpt)
+    assert gguf == ckpt / "model-f16.gguf" and not gguf.with_suffix(".partial").exists()
+    written = gguf.stat().st_mtime_ns
+    assert bench_gpu.ensure_gguf(ckpt) == gguf and gguf.stat().st_mtime_ns == written
+    loaded = load_model(gguf)
+    assert loaded.config.architecture == "qwen3" and loaded.config.num_layers == 2

@@ -12,6 +12,7 @@ from tests.models.runner_util import make_runner, teacher_forced_logits
 from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.kernels import QType
 from vtllm.kernels.cpu.quant import dequantize, quantize
+from vtllm.models.gguf_writer import permute_qk
 from vtllm.models.loader import load_model
 from vtllm.models.synthetic import hf_config, random_weights, save_safetensors, write_checkpoint
 
@@ -22,11 +23,6 @@ _GGML = {
     QType.Q8_0: GGMLQuantizationType.Q8_0,
     QType.Q4_1: GGMLQuantizationType.Q4_1,
 }
-
-
-def _permute(w, heads):  # what llama.cpp's converter does to Q and K rows
-    rows = w.shape[0]
-    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _stored(w, qtype):
@@ -70,7 +66,7 @@ def write_tiny_gguf(directory, qtype, *, arch="llama", extra_tensor=None):
         stored, used = _stored(w, as_type)
         effective[hf_name] = used
         if permute_heads:
-            stored = _permute(stored, permute_heads)
+            stored = permute_qk(stored, permute_heads)
         writer.add_tensor(name, stored, raw_dtype=_GGML[as_type])
 
     put("token_embd.weight", "model.embed_tokens.weight", weights["model.embed_tokens.weight"])

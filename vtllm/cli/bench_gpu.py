@@ -36,7 +36,8 @@ def add_arguments(parser) -> None:
         "--gguf",
         action="append",
         default=[],
-        help="SHAPE=PATH: llama.cpp's GGUF of that shape (plain PATH with one shape)",
+        help="SHAPE=PATH: llama.cpp's GGUF of that shape (plain PATH with one shape; default: "
+        "an F16 copy of our checkpoint, written beside it)",
     )
     parser.add_argument("--batches", default="1,8,32,64", help="decode batch sizes")
     parser.add_argument("--context", type=int, default=1024, help="decode context, tokens")
@@ -332,15 +333,28 @@ def measure_shape(settings, shape: str, ckpt: Path) -> tuple[object, dict]:
         say(f"{shape}: HF transformers")
         results["hf"] = _guarded(bench_gpu_peers.hf_figures, ckpt, settings)
     if "llamacpp" in settings.peers:
-        gguf = settings.ggufs.get(shape)
-        if settings.llama_bench and gguf:
+        if settings.llama_bench:
+            gguf = settings.ggufs.get(shape) or ensure_gguf(ckpt)
             say(f"{shape}: llama.cpp on {gguf}")
             results["llamacpp"] = _guarded(
-                bench_gpu_peers.llamacpp_figures, settings.llama_bench, gguf, settings
+                bench_gpu_peers.llamacpp_figures, settings.llama_bench, str(gguf), settings
             )
         else:
-            results["llamacpp"] = {"error": "skipped: needs --llama-bench and --gguf"}
+            results["llamacpp"] = {"error": "skipped: needs --llama-bench"}
     return loaded.config, results
+
+
+def ensure_gguf(ckpt: Path) -> Path:
+    """The checkpoint's GGUF copy (F16) for llama.cpp, written once beside its weights."""
+    from vtllm.models.gguf_writer import write_gguf
+
+    out = ckpt / "model-f16.gguf"
+    if not out.exists() or out.stat().st_mtime < (ckpt / "model.safetensors").stat().st_mtime:
+        say(f"writing {out} for llama.cpp (the full 8B shape takes a few minutes)")
+        partial = out.with_suffix(".partial")
+        write_gguf(ckpt, partial)
+        partial.rename(out)
+    return out
 
 
 def _guarded(fn, *args) -> dict:

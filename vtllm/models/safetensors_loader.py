@@ -91,13 +91,20 @@ def _map_file(path: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
-def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
+def map_tensors(directory: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the directory's *.safetensors files, as memory-mapped views (bf16 as
+    its uint16 bits)."""
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{directory}: no *.safetensors files")
     tensors: dict[str, np.ndarray] = {}
     for path in files:
         tensors.update(_map_file(path))
+    return tensors
+
+
+def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
+    tensors = map_tensors(directory)
 
     def get(name: str) -> np.ndarray:
         try:

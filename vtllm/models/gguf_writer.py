@@ -1,0 +1,187 @@
+"""GGUF copies of HF-format checkpoints, so llama.cpp can run the same weights as the peer of
+`bench gpu`.
+
+llama.cpp reads GGUF only, and its own converter (convert_hf_to_gguf.py) needs torch and
+names a tokenizer's pre-tokenizer by a hash of its output, which a synthetic checkpoint's
+tokenizer does not match. This writes what that converter writes for the families vtllm loads
+(llama, qwen2, qwen3): F16 matrices; F32 norms and biases; the llama family's Q and K rows
+permuted for llama.cpp's rotation; llama3 rope scaling as per-frequency divisors
+(`rope_freqs.weight`); a byte-level BPE tokenizer as a gpt2 vocabulary with the default
+pre-tokenizer (the benchmarks send token ids). Tensors are converted and written one at a
+time, so the 8B shape (16 GB) never sits in memory whole.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from vtllm.errors import UnsupportedModel
+from vtllm.models.safetensors_loader import map_tensors, read_config
+
+_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_UNUSED = 1, 3, 5  # llama.cpp's token types
+_MOSTLY_F16 = 1  # general.file_type
+
+
+def permute_qk(w: np.ndarray, heads: int) -> np.ndarray:
+    """HF's rotate-half rows -> llama.cpp's interleaved pairs, per head (its converter's
+    permute; vtllm's GGUF loader undoes it)."""
+    rows = w.shape[0]
+    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama3_rope_freqs(config) -> np.ndarray:
+    """The divisor of each rotary frequency under llama3 rope scaling, as llama.cpp's
+    converter computes them (1 for short wavelengths, `factor` for long ones, blended between)."""
+    s = config.rope_scaling
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    dim = config.head_dim
+    divisors = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi * config.rope_theta ** (i / dim)
+        if wavelen < old_len / high:
+            divisors.append(1.0)
+        elif wavelen > old_len / low:
+            divisors.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(divisors, np.float32)
+
+
+def _tensors(config, fam):
+    """(GGUF name, HF name, kind, heads to permute by) in file order; kind is "matrix" (F16)
+    or "vector" (F32)."""
+    out = [("token_embd.weight", "model.embed_tokens.weight", "matrix", None)]
+    qk_heads = (config.num_heads, config.num_kv_heads) if fam.gguf_qk_permuted else (None, None)
+    for i in range(config.num_layers):
+        g, h = f"blk.{i}.", f"model.layers.{i}."
+        out += [
+            (g + "attn_norm.weight", h + "input_layernorm.weight", "vector", None),
+            (g + "attn_q.weight", h + "self_attn.q_proj.weight", "matrix", qk_heads[0]),
+            (g + "attn_k.weight", h + "self_attn.k_proj.weight", "matrix", qk_heads[1]),
+            (g + "attn_v.weight", h + "self_attn.v_proj.weight", "matrix", None),
+        ]
+        if config.qkv_bias:
+            out += [
+                (g + "attn_q.bias", h + "self_attn.q_proj.bias", "vector", qk_heads[0]),
+                (g + "attn_k.bias", h + "self_attn.k_proj.bias", "vector", qk_heads[1]),
+                (g + "attn_v.bias", h + "self_attn.v_proj.bias", "vector", None),
+            ]
+        if config.qk_norm:
+            out += [
+                (g + "attn_q_norm.weight", h + "self_attn.q_norm.weight", "vector", None),
+                (g + "attn_k_norm.weight", h + "self_attn.k_norm.weight", "vector", None),
+            ]
+        out += [
+            (g + "attn_output.weight", h + "self_attn.o_proj.weight", "matrix", None),
+            (g + "ffn_norm.weight", h + "post_attention_layernorm.weight", "vector", None),
+            (g + "ffn_gate.weight", h + "mlp.gate_proj.weight", "matrix", None),
+            (g + "ffn_up.weight", h + "mlp.up_proj.weight", "matrix", None),
+            (g + "ffn_down.weight", h + "mlp.down_proj.weight", "matrix", None),
+        ]
+    out.append(("output_norm.weight", "model.norm.weight", "vector", None))
+    if not config.tie_word_embeddings:
+        out.append(("output.weight", "lm_head.weight", "matrix", None))
+    return out
+
+
+def _as_float32(data: np.ndarray) -> np.ndarray:
+    if data.dtype == np.uint16:  # bf16 bits
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    return data.astype(np.float32)
+
+
+def _vocabulary(directory: Path, vocab_size: int):
+    """(tokens by id, their llama.cpp types, merges) from tokenizer.json; ids past the
+    tokenizer's own up to vocab_size become unused [PAD] tokens, as llama.cpp's converter
+    pads them."""
+    path = directory / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    model = spec.get("model", {})
+    if model.get("type") != "BPE" or (spec.get("decoder") or {}).get("type") != "ByteLevel":
+        raise UnsupportedModel(f"{path}: only byte-level BPE tokenizers are written to GGUF")
+    by_id = {i: t for t, i in model["vocab"].items()}
+    special = set()
+    for added in spec.get("added_tokens", []):
+        by_id[added["id"]] = added["content"]
+        if added.get("special"):
+            special.add(added["id"])
+    tokens, types = [], []
+    for i in range(vocab_size):
+        token = by_id.get(i)
+        tokens.append(f"[PAD{i}]" if token is None else token)
+        types.append(
+            _TOKEN_UNUSED if token is None else _TOKEN_CONTROL if i in special else _TOKEN_NORMAL
+        )
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return tokens, types, merges
+
+
+def write_gguf(checkpoint: Path, out: Path) -> Path:
+    """Writes `out` (GGUF, F16 matrices) from the HF-format checkpoint directory."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    from vtllm.models.registry import family
+
+    checkpoint = Path(checkpoint)
+    config = read_config(checkpoint)
+    fam = family(config.architecture)
+    scaling = (config.rope_scaling or {}).get("rope_type")
+    if scaling not in (None, "llama3"):
+        raise UnsupportedModel(f"{checkpoint}: rope scaling {scaling!r} is not written to GGUF")
+    source = map_tensors(checkpoint)
+    arch = config.architecture
+    writer = GGUFWriter(str(out), arch)
+    writer.add_file_type(_MOSTLY_F16)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_heads)
+    writer.add_head_count_kv(config.num_kv_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_theta)
+    writer.add_vocab_size(config.vocab_size)
+    tokens, types, merges = _vocabulary(checkpoint, config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    if config.bos_token_id is not None:
+        writer.add_bos_token_id(config.bos_token_id)
+    if config.eos_token_ids:
+        writer.add_eos_token_id(config.eos_token_ids[0])
+
+    plan = _tensors(config, fam)
+    missing = [hf for _, hf, _, _ in plan if hf not in source]
+    if missing:
+        raise UnsupportedModel(f"{checkpoint}: tensor {missing[0]} is missing")
+    f16, f32 = GGMLQuantizationType.F16, GGMLQuantizationType.F32
+    for name, hf, kind, _ in plan:
+        shape = source[hf].shape
+        dtype, raw = (np.float16, f16) if kind == "matrix" else (np.float32, f32)
+        writer.add_tensor_info(name, shape, np.dtype(dtype), math.prod(shape) * dtype().itemsize,
+                               raw_dtype=raw)  # fmt: skip
+    freqs = llama3_rope_freqs(config) if scaling == "llama3" else None
+    if freqs is not None:
+        writer.add_tensor_info("rope_freqs.weight", freqs.shape, freqs.dtype, freqs.nbytes,
+                               raw_dtype=f32)  # fmt: skip
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, hf, kind, heads in plan:
+        data = _as_float32(source[hf])
+        if heads is not None:
+            data = permute_qk(data, heads)
+        writer.write_tensor_data(data.astype(np.float16 if kind == "matrix" else np.float32))
+    if freqs is not None:
+        writer.write_tensor_data(freqs)
+    writer.close()
+    return Path(out)

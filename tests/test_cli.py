@@ -69,3 +69,10 @@ def test_synth_layers_override(tmp_path):
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["num_hidden_layers"] == 1
     assert load_model(str(tmp_path / "m")).config.num_layers == 1  # and no tensors of layer 1
+
+
+def test_synth_writes_a_gguf_copy_when_asked(tmp_path):
+    done = _vtllm("synth", "--shape", "tiny-qwen3", "--out", str(tmp_path / "m"), "--gguf")
+    assert done.returncode == 0, done.stderr
+    loaded = load_model(str(tmp_path / "m" / "model-f16.gguf"))
+    assert loaded.config.architecture == "qwen3" and loaded.config.qk_norm

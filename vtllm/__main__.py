@@ -69,6 +69,9 @@ def _build_parser() -> argparse.ArgumentParser:
     syn.add_argument(
         "--layers", type=int, help="fewer layers than the shape has: quick per-layer profiles"
     )
+    syn.add_argument(
+        "--gguf", action="store_true", help="also OUT/model-f16.gguf, a GGUF copy for llama.cpp"
+    )
 
     cfg = sub.add_parser("config", help="print every knob, its value and where it came from")
     config.add_flags(cfg)

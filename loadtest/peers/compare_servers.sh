@@ -12,12 +12,15 @@
 # e.g. "VT_CPU_NUMERICS=fast"; the run's name gets it as a suffix via VT_TAG), NUM_PROMPTS
 # (measured requests per C; default 16 at C=1, else max(32, 4C); a long run, e.g. 512, shows
 # whether a server's RSS climbs as distinct prompts pass through it), MAX_MODEL_LEN (context
-# per slot for both servers, 4096).
+# per slot for both servers, 4096). On a GPU: MODEL (what vtllm serves; default its default
+# GGUF), PEER_MODEL (llama-server's file; default MODEL; a GGUF copy of an HF checkpoint comes
+# from `vtllm synth --gguf` or vtllm.models.gguf_writer), VT_ARGS (e.g. "--device cuda"),
+# PEER_ARGS (e.g. "-ngl 99"), PY (the python that runs vtllm; default .venv/bin/python).
 # Afterwards: python loadtest/peers/compare_table.py $OUT prints the table with ratios, and
 # each server's peak RSS (VmHWM, saved as $OUT/<run>_c<C>.rss) where those files exist.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PY=.venv/bin/python
+PY=${PY:-.venv/bin/python}
 export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}  # vtllm's compiled kernels
 LLAMA_SERVER=${LLAMA_SERVER:-.peers-build/build/bin/llama-server}
 THREADS=${THREADS:-2}
@@ -30,7 +33,10 @@ PORT_VT=${PORT_VT:-8091}
 PORT_LL=${PORT_LL:-8092}
 [ -x "$LLAMA_SERVER" ] || { echo "compare_servers: no $LLAMA_SERVER (make peer-llama-server)" >&2; exit 2; }
 # The file vtllm serves by default, passed explicitly to both servers.
-MODEL=$($PY -c 'from vtllm.models.default_model import default_model_path as p; print(p())')
+MODEL=${MODEL:-$($PY -c 'from vtllm.models.default_model import default_model_path as p; print(p())')}
+PEER_MODEL=${PEER_MODEL:-$MODEL}
+VT_ARGS=${VT_ARGS:-}
+PEER_ARGS=${PEER_ARGS:-}
 mkdir -p "$OUT"
 
 # Completions with token-id prompts: both servers get the very same ids (same seed), no chat
@@ -72,7 +78,8 @@ peak_rss() {  # pid name concurrency
 
 {
   echo "date: $(date -u +%FT%TZ)"; echo "host: $(uname -srm), $(nproc) cpus"
-  grep -m1 "model name" /proc/cpuinfo; echo "model: $MODEL"; echo "threads: $THREADS"
+  grep -m1 "model name" /proc/cpuinfo; echo "model: $MODEL (peer: $PEER_MODEL)"
+  echo "threads: $THREADS"; echo "vtllm args: $VT_ARGS"; echo "peer args: $PEER_ARGS"
   echo "vtllm: $(git rev-parse --short HEAD 2>/dev/null)" \
     "(+$(git status --porcelain 2>/dev/null | wc -l) changed files) $VT_ENV"
   echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | tr '\n' ' ')"
@@ -80,7 +87,7 @@ peak_rss() {  # pid name concurrency
 
 for c in $CONCURRENCY; do
   env $VT_ENV $PY -m vtllm serve --model "$MODEL" --port "$PORT_VT" --cpu-threads "$THREADS" \
-    --max-num-seqs "$c" --max-model-len "$MAX_MODEL_LEN" --log-level warning \
+    --max-num-seqs "$c" --max-model-len "$MAX_MODEL_LEN" --log-level warning $VT_ARGS \
     > "$OUT/${VT_TAG}_c$c.log" 2>&1 &
   pid=$!
   if wait_ready "http://127.0.0.1:$PORT_VT" $pid; then bench "$VT_TAG" "http://127.0.0.1:$PORT_VT" "$c"
@@ -89,9 +96,9 @@ for c in $CONCURRENCY; do
   stop $pid
 
   [ -n "${SKIP_PEER:-}" ] && continue
-  "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT_LL" -t "$THREADS" -tb "$THREADS" \
-    --parallel "$c" --ctx-size $(( MAX_MODEL_LEN * c )) --cont-batching --no-webui \
-    > "$OUT/llamacpp_c$c.log" 2>&1 &
+  "$LLAMA_SERVER" -m "$PEER_MODEL" --host 127.0.0.1 --port "$PORT_LL" -t "$THREADS" \
+    -tb "$THREADS" --parallel "$c" --ctx-size $(( MAX_MODEL_LEN * c )) --cont-batching \
+    --no-webui $PEER_ARGS > "$OUT/llamacpp_c$c.log" 2>&1 &
   pid=$!
   # llama-server puts the usage on the finish_reason chunk of /v1/completions streams (not on a
   # chunk of its own); bench_serve accepts that only when told, and only the peer is told.

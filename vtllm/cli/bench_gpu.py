@@ -346,9 +346,9 @@ def measure_shape(settings, shape: str, ckpt: Path) -> tuple[object, dict]:
 
 def ensure_gguf(ckpt: Path) -> Path:
     """The checkpoint's GGUF copy (F16) for llama.cpp, written once beside its weights."""
-    from vtllm.models.gguf_writer import write_gguf
+    from vtllm.models.gguf_writer import COPY_NAME, write_gguf
 
-    out = ckpt / "model-f16.gguf"
+    out = ckpt / COPY_NAME
     if not out.exists() or out.stat().st_mtime < (ckpt / "model.safetensors").stat().st_mtime:
         say(f"writing {out} for llama.cpp (the full 8B shape takes a few minutes)")
         partial = out.with_suffix(".partial")

@@ -24,6 +24,10 @@ def run_synth(args) -> int:
         max_position_embeddings=args.max_position_embeddings,
         layers=args.layers,
     )
+    if args.gguf:
+        from vtllm.models.gguf_writer import COPY_NAME, write_gguf
+
+        write_gguf(out, out / COPY_NAME)
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     print(
         f"{out}: {args.shape}, {args.dtype}, {size:.1f} MiB in {time.perf_counter() - started:.1f}s"

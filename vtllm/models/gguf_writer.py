@@ -22,6 +22,7 @@ from vtllm.models.safetensors_loader import map_tensors, read_config
 
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_UNUSED = 1, 3, 5  # llama.cpp's token types
 _MOSTLY_F16 = 1  # general.file_type
+COPY_NAME = "model-f16.gguf"  # a checkpoint's GGUF copy, beside its weights
 
 
 def permute_qk(w: np.ndarray, heads: int) -> np.ndarray:

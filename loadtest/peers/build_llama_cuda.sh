@@ -35,7 +35,7 @@ source_tree() {
   tar -xzf "$tmp/llama_cpp_python-$VERSION.tar.gz" -C "$tmp"
   local src="$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp"
   # Not needed to build llama-bench, llama-batched-bench and llama-server with CUDA.
-  rm -rf "$src"/{docs,models,media,tests,benches,examples,pocs,scripts,conversion,gguf-py}
+  rm -rf "$src"/{docs,models,media,tests,benches,examples,pocs,conversion,gguf-py}
   for backend in "$src"/ggml/src/ggml-*/; do
     case "$(basename "$backend")" in ggml-cpu | ggml-cuda | ggml-blas) ;; *) rm -rf "$backend" ;; esac
   done

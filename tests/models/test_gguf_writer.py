@@ -55,6 +55,8 @@ def test_gguf_copy_is_the_f16_rounded_checkpoint(tmp_path, shape):
     assert gguf.tokenizer.decode(list(range(3, 300))) == reference.tokenizer.decode(
         list(range(3, 300))
     )
+    text = "hello!! world!!! ünïcode"  # "!!": the merge llama.cpp needs is no token
+    assert gguf.tokenizer.encode(text) == reference.tokenizer.encode(text)
     ids = np.random.default_rng(4).integers(3, 512, 40).tolist()
     ours = teacher_forced_logits(make_runner(gguf), ids, [40])
     ref = teacher_forced_logits(make_runner(reference), ids, [40])

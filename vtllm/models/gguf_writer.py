@@ -8,7 +8,8 @@ tokenizer does not match. This writes what that converter writes for the familie
 permuted for llama.cpp's rotation; llama3 rope scaling as per-frequency divisors
 (`rope_freqs.weight`); a byte-level BPE tokenizer as a gpt2 vocabulary with the default
 pre-tokenizer (the benchmarks send token ids). Tensors are converted and written one at a
-time, so the 8B shape (16 GB) never sits in memory whole.
+time, so the 8B shape (16 GB) never sits in memory whole. llama.cpp (0.3.36's tree, built by
+loadtest/peers/build_llama_cuda.sh) loads the synthetic shapes' copies.
 """
 
 import json
@@ -23,6 +24,10 @@ from vtllm.models.safetensors_loader import map_tensors, read_config
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_UNUSED = 1, 3, 5  # llama.cpp's token types
 _MOSTLY_F16 = 1  # general.file_type
 COPY_NAME = "model-f16.gguf"  # a checkpoint's GGUF copy, beside its weights
+# llama.cpp refuses a gpt2 vocabulary without merges, and GGUF has no empty arrays, so a byte
+# tokenizer with none (the synthetic ones) gets this one: "!!" is no token, and a merged pair
+# that is no token is split back into its bytes, so no text tokenizes differently.
+_NO_OP_MERGE = ["! !"]
 
 
 def permute_qk(w: np.ndarray, heads: int) -> np.ndarray:
@@ -154,7 +159,7 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    writer.add_token_merges(merges or _NO_OP_MERGE)
     if config.bos_token_id is not None:
         writer.add_bos_token_id(config.bos_token_id)
     if config.eos_token_ids:

@@ -176,8 +176,12 @@ def from_gguf(reader, path: Path, field) -> Tokenizer:
         raise UnsupportedModel(f"{path}: GGUF pre-tokenizer {pre!r} is not supported")
 
     tokens = field(reader, "tokenizer.ggml.tokens")
+    vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges", [])]
-    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges)
+    # A merge whose result is no token: llama.cpp splits that result back into its bytes (the
+    # same tokens as not merging), `tokenizers` refuses the whole vocabulary. Leave it out.
+    merges = [m for m in merges if len(m) == 2 and m[0] + m[1] in vocab]
+    bpe = models.BPE(vocab=vocab, merges=merges)
     backend = Backend(bpe)
     backend.pre_tokenizer = pre_tokenizer
     backend.decoder = decoders.ByteLevel()

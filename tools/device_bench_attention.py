@@ -11,6 +11,8 @@ launch, over enough copies of the KV cache that it comes from HBM (not L2). --va
 other copies of attention_split.py too (checked against ours), or any module with its entry
 points: --variant vtllm/kernels/cuda/attention_ring.py times the ring kernel. --kv bfloat16: a cache of bf16
 bits (2 bytes a value) and torch's K/V and q in bf16. --shapes 8B: only that shape.
+--geometries 4:3:168,2:3:128 sweeps a ring module's (warps, stages, registers) for the cache
+type in use, without copies of the module.
     python3 tools/device_bench_attention.py --prefill 512,1024,4096 [--variant FILE ...]
 times the prefill path instead (one prompt of n tokens attending causally to itself, no
 scratch) against torch's causal scaled_dot_product_attention; a variant may be a copy of
@@ -83,6 +85,12 @@ def main():
     p.add_argument(
         "--targets", default="", help="TARGET_BLOCKS values to try (default: the module's)"
     )
+    p.add_argument(
+        "--geometries",
+        default="",
+        help="WARPS:STAGES:REGISTERS,...: for a module with GEOMETRY (attention_ring), each in "
+        "turn for the cache type in use (default: the module's)",
+    )
     p.add_argument("--prefill", default="", help="prompt lengths: time the prefill path")
     p.add_argument("--kv", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--shapes", default=",".join(SHAPES), help="which of " + ", ".join(SHAPES))
@@ -92,6 +100,8 @@ def main():
     if args.prefill:
         return bench_prefill(mods, [int(n) for n in args.prefill.split(",")], shapes)
     targets = [int(t) for t in args.targets.split(",") if t]
+    geometries = [tuple(int(x) for x in g.split(":")) for g in args.geometries.split(",") if g]
+    cache_type = np.uint16 if args.kv == "bfloat16" else np.float32
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
@@ -112,30 +122,47 @@ def main():
         )
         ref = None
         torch.cuda.empty_cache()
-        for name, mod in mods:
-            for target in targets or [mod.TARGET_BLOCKS]:
-                mod.TARGET_BLOCKS = target
-                scratch = mod.make_scratch(batch, hq, d, 4097)
-                out = cuda.device_array((batch, hq, d), np.float32)
+        for name, mod, target, geometry in runs(mods, targets, geometries, cache_type):
+            mod.TARGET_BLOCKS = target
+            if geometry is not None:
+                mod.GEOMETRY[cache_type] = geometry
+            scratch = mod.make_scratch(batch, hq, d, 4097)
+            out = cuda.device_array((batch, hq, d), np.float32)
 
-                turn = [0]
+            turn = [0]
 
-                def fn(mod=mod, out=out, scratch=scratch, turn=turn, kv=(kcs, vcs, meta, q, d)):
-                    kcs, vcs, meta, q, d = kv
-                    i = turn[0] % len(kcs)
-                    turn[0] += 1
-                    mod.split_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, scratch,
-                                        stream=stream)  # fmt: skip
+            def fn(mod=mod, out=out, scratch=scratch, turn=turn, kv=(kcs, vcs, meta, q, d)):
+                kcs, vcs, meta, q, d = kv
+                i = turn[0] % len(kcs)
+                turn[0] += 1
+                mod.split_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, scratch,
+                                    stream=stream)  # fmt: skip
 
+            label = f"{name}@{target}" + ("" if geometry is None else f"@{geometry}")
+            try:
                 us = numba_us(stream, fn)
-                got = out.copy_to_host()
-                ref = got if ref is None else ref
-                err = float(np.abs(got - ref).max())
-                label = f"{name}@{target}"
-                print(
-                    f"{label:22s} {shape:5s} {batch:5d} {ctx:5d} {us:8.1f} {gb / us:6.0f} {peer:8.1f} {gb / peer:6.0f} {err:8.1e}"
-                )
+            except Exception as exc:  # e.g. a geometry past the shared memory an SM has
+                print(f"{label:22s} {shape:5s} {batch:5d} {ctx:5d} failed: {exc}"[:200])
+                continue
+            got = out.copy_to_host()
+            ref = got if ref is None else ref
+            err = float(np.abs(got - ref).max())
+            print(
+                f"{label:22s} {shape:5s} {batch:5d} {ctx:5d} {us:8.1f} {gb / us:6.0f} {peer:8.1f} {gb / peer:6.0f} {err:8.1e}"
+            )
         torch.cuda.empty_cache()
+
+
+def runs(mods, targets, geometries, cache_type):
+    """(name, module, TARGET_BLOCKS, GEOMETRY entry or None) to time, in order."""
+    for name, mod in mods:
+        sweep = geometries if geometries and hasattr(mod, "GEOMETRY") else [None]
+        original = getattr(mod, "GEOMETRY", {}).get(cache_type)
+        for geometry in sweep:
+            for target in targets or [mod.TARGET_BLOCKS]:
+                yield name, mod, target, geometry
+        if original is not None:
+            mod.GEOMETRY[cache_type] = original
 
 
 def bench_prefill(mods, lengths, shapes):

@@ -169,16 +169,18 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
     missing = [hf for _, hf, _, _ in plan if hf not in source]
     if missing:
         raise UnsupportedModel(f"{checkpoint}: tensor {missing[0]} is missing")
-    f16, f32 = GGMLQuantizationType.F16, GGMLQuantizationType.F32
+    stored = {  # kind -> (numpy type, GGML type)
+        "matrix": (np.dtype(np.float16), GGMLQuantizationType.F16),
+        "vector": (np.dtype(np.float32), GGMLQuantizationType.F32),
+    }
     for name, hf, kind, _ in plan:
         shape = source[hf].shape
-        dtype, raw = (np.float16, f16) if kind == "matrix" else (np.float32, f32)
-        writer.add_tensor_info(name, shape, np.dtype(dtype), math.prod(shape) * dtype().itemsize,
-                               raw_dtype=raw)  # fmt: skip
+        dtype, raw = stored[kind]
+        writer.add_tensor_info(name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=raw)
     freqs = llama3_rope_freqs(config) if scaling == "llama3" else None
     if freqs is not None:
         writer.add_tensor_info("rope_freqs.weight", freqs.shape, freqs.dtype, freqs.nbytes,
-                               raw_dtype=f32)  # fmt: skip
+                               raw_dtype=GGMLQuantizationType.F32)  # fmt: skip
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -186,7 +188,7 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
         data = _as_float32(source[hf])
         if heads is not None:
             data = permute_qk(data, heads)
-        writer.write_tensor_data(data.astype(np.float16 if kind == "matrix" else np.float32))
+        writer.write_tensor_data(data.astype(stored[kind][0]))
     if freqs is not None:
         writer.write_tensor_data(freqs)
     writer.close()

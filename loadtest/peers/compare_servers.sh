@@ -16,6 +16,8 @@
 # GGUF), PEER_MODEL (llama-server's file; default MODEL; a GGUF copy of an HF checkpoint comes
 # from `vtllm synth --gguf` or vtllm.models.gguf_writer), VT_ARGS (e.g. "--device cuda"),
 # PEER_ARGS (e.g. "-ngl 99"), PY (the python that runs vtllm; default .venv/bin/python).
+# HF_MODEL=DIR adds HF transformers (hf_server.py, static batches of C, HF_ARGS such as
+# "--device cuda") as a third server on that checkpoint, run name "hf"; PY must have torch.
 # Afterwards: python loadtest/peers/compare_table.py $OUT prints the table with ratios, and
 # each server's peak RSS (VmHWM, saved as $OUT/<run>_c<C>.rss) where those files exist.
 set -euo pipefail
@@ -31,6 +33,9 @@ VT_TAG=${VT_TAG:-vtllm}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
 PORT_VT=${PORT_VT:-8091}
 PORT_LL=${PORT_LL:-8092}
+PORT_HF=${PORT_HF:-8093}
+HF_MODEL=${HF_MODEL:-}
+HF_ARGS=${HF_ARGS:-}
 [ -x "$LLAMA_SERVER" ] || { echo "compare_servers: no $LLAMA_SERVER (make peer-llama-server)" >&2; exit 2; }
 # The file vtllm serves by default, passed explicitly to both servers.
 MODEL=${MODEL:-$($PY -c 'from vtllm.models.default_model import default_model_path as p; print(p())')}
@@ -106,5 +111,14 @@ for c in $CONCURRENCY; do
     bench llamacpp "http://127.0.0.1:$PORT_LL" "$c" --usage-with-finish
   else echo "llama-server did not start (see $OUT/llamacpp_c$c.log)" >&2; fi
   peak_rss $pid llamacpp "$c"
+  stop $pid
+
+  [ -z "$HF_MODEL" ] && continue
+  $PY loadtest/peers/hf_server.py --model "$HF_MODEL" --port "$PORT_HF" --max-batch "$c" \
+    $HF_ARGS > "$OUT/hf_c$c.log" 2>&1 &
+  pid=$!
+  if wait_ready "http://127.0.0.1:$PORT_HF" $pid; then bench hf "http://127.0.0.1:$PORT_HF" "$c"
+  else echo "hf_server did not start (see $OUT/hf_c$c.log)" >&2; fi
+  peak_rss $pid hf "$c"
   stop $pid
 done

@@ -8,7 +8,8 @@ prompts, runs one prefill and then decode steps for the whole batch over the KV 
 (past_key_values) until every row has finished; requests that arrive meanwhile wait for the next
 batch. Tokens stream per request as they are produced, one chunk per token with its logprob, so
 loadtest/stream_check.py counts them exactly. Needs torch, transformers, starlette and uvicorn
-(requirements-hf.txt); imports nothing from vtllm.
+(requirements-hf.txt), or hypercorn in uvicorn's place (the GPU machine has no uvicorn); imports
+nothing from vtllm.
 """
 
 import argparse
@@ -22,7 +23,6 @@ import uuid
 from dataclasses import dataclass, field
 
 import torch
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -376,7 +376,21 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     engine = Engine(args)
     app = make_app(engine, args.served_model_name or args.model)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    serve(app, args.host, args.port)
+
+
+def serve(app, host: str, port: int) -> None:
+    try:
+        import uvicorn
+    except ImportError:  # hypercorn serves the same ASGI app
+        from hypercorn.asyncio import serve as hypercorn_serve
+        from hypercorn.config import Config
+
+        config = Config()
+        config.bind = [f"{host}:{port}"]
+        asyncio.run(hypercorn_serve(app, config))
+        return
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 if __name__ == "__main__":

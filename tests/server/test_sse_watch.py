@@ -79,3 +79,18 @@ def test_pings_are_asked_for_while_the_stream_waits_and_not_while_it_sends():
     assert calls["stall"] == 0
     assert 2 <= calls["idle"] <= 4, calls  # ~0.35 s of waiting at one ping per 0.1 s
     assert took < 1.0, took
+
+
+def test_a_failing_send_raises_its_own_error_not_a_group():
+    async def events():
+        yield b"frame"
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            raise OSError("connection reset")
+
+    async def main():
+        await SSEResponse(events(), stall_timeout_s=5.0).stream_response(send)
+
+    with pytest.raises(OSError, match="connection reset"):  # starlette turns it into a disconnect
+        anyio.run(main)

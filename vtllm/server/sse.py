@@ -67,21 +67,13 @@ class SSEResponse(StreamingResponse):
         start = {"type": "http.response.start", "status": self.status_code}
         await send({**start, "headers": self.raw_headers})
         events = self.body_iterator
-        clock = anyio.current_time
         try:
-            async with anyio.create_task_group() as tg:
-                self._last_send = clock()
-                tg.start_soon(self._watch, tg.cancel_scope)
-                async for chunk in events:
-                    body = {"type": "http.response.body", "body": chunk, "more_body": True}
-                    self._send_started = self._last_send = clock()
-                    try:
-                        await send(body)
-                    except TimeoutError:  # ETIMEDOUT: the kernel's backstop (engine.py) came first
-                        self._stalled = True
-                        break
-                    self._send_started = None
-                tg.cancel_scope.cancel()  # the watcher
+            try:
+                await self._send_all(send, events)
+            except BaseExceptionGroup as group:  # anyio wraps what the send loop raised
+                if len(group.exceptions) == 1:  # bare, as starlette expects it (OSError)
+                    raise group.exceptions[0] from None
+                raise
             if self._stalled:
                 log.warning("client read nothing for %.1fs: aborting", self.stall_timeout_s)
                 if self.on_stall is not None:
@@ -94,6 +86,23 @@ class SSEResponse(StreamingResponse):
             # Deterministic: a generator left suspended at a yield (send stalled, or was
             # cancelled by a disconnect) would otherwise abort its request only when collected.
             await events.aclose()
+
+    async def _send_all(self, send, events) -> None:
+        """Sends every frame, the watcher beside the sends; stops early on a stall."""
+        clock = anyio.current_time
+        async with anyio.create_task_group() as tg:
+            self._last_send = clock()
+            tg.start_soon(self._watch, tg.cancel_scope)
+            async for chunk in events:
+                body = {"type": "http.response.body", "body": chunk, "more_body": True}
+                self._send_started = self._last_send = clock()
+                try:
+                    await send(body)
+                except TimeoutError:  # ETIMEDOUT: the kernel's backstop (engine.py) came first
+                    self._stalled = True
+                    break
+                self._send_started = None
+            tg.cancel_scope.cancel()  # the watcher
 
     async def _watch(self, scope: anyio.CancelScope) -> None:
         """Cancels `scope` once a send has made no progress for stall_timeout_s; calls

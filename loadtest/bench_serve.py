@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import ssl
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -197,27 +198,64 @@ async def _stream(client, url: str, body: dict, check: StreamCheck, res: Result)
 # -- the run ---------------------------------------------------------------------------------
 
 
-async def run_all(args, client, model, prompts: list[Prompt], rate: float, concurrency):
+class Lanes:
+    """An httpx client for each request in flight, reused by the next. One client shared by
+    all would scan every pooled connection on each request event (httpcore's pool), which
+    cost ~170 us of this process's CPU a streamed token at 64 streams: the client, not the
+    server, was then the limit."""
+
+    def __init__(self, make_client):
+        self.make_client = make_client
+        self.idle: list[httpx.AsyncClient] = []
+        self.all: list[httpx.AsyncClient] = []
+
+    def take(self) -> httpx.AsyncClient:
+        if self.idle:
+            return self.idle.pop()
+        client = self.make_client()
+        self.all.append(client)
+        return client
+
+    def give_back(self, client: httpx.AsyncClient) -> None:
+        self.idle.append(client)
+
+    async def close(self) -> None:
+        for client in self.all:
+            await client.aclose()
+
+
+async def run_all(args, make_client, model, prompts: list[Prompt], rate: float, concurrency):
     """Sends prompts with gamma-distributed gaps (Poisson when burstiness is 1) and at most
     `concurrency` in flight; returns results and the wall time from first send to last end."""
     rng = random.Random(args.seed + 1)
     sem = asyncio.Semaphore(concurrency) if concurrency else None
+    lanes = Lanes(make_client)
     t0 = time.perf_counter()
+
+    async def on_a_lane(p: Prompt) -> Result:
+        client = lanes.take()
+        try:
+            return await send(client, args, model, p, t0)
+        finally:
+            lanes.give_back(client)
 
     async def one(p: Prompt) -> Result:
         if sem is None:
-            return await send(client, args, model, p, t0)
+            return await on_a_lane(p)
         async with sem:
-            return await send(client, args, model, p, t0)
+            return await on_a_lane(p)
 
     tasks, due = [], t0
-    for p in prompts:
-        tasks.append(asyncio.create_task(one(p)))
-        if math.isfinite(rate):
-            due += rng.gammavariate(args.burstiness, 1.0 / (rate * args.burstiness))
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-    results = await asyncio.gather(*tasks)
-    return results, time.perf_counter() - t0
+    try:
+        for p in prompts:
+            tasks.append(asyncio.create_task(one(p)))
+            if math.isfinite(rate):
+                due += rng.gammavariate(args.burstiness, 1.0 / (rate * args.burstiness))
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - t0
+    finally:
+        await lanes.close()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -460,24 +498,41 @@ async def prefix_counters(client, base: str) -> tuple[float, float] | None:
     return None if queries is None or hits is None else (queries, hits)
 
 
+def _tls_context() -> ssl.SSLContext:
+    """What httpx builds for each client by default (certifi's CAs where installed)."""
+    try:
+        import certifi
+    except ImportError:
+        return ssl.create_default_context()
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 async def main_async(args) -> int:
     timeout = httpx.Timeout(args.read_timeout, connect=args.connect_timeout, pool=None)
     # --no-keepalive: a connection per request, for servers that close a connection after a
     # streamed response while announcing keep-alive (a reused one then fails on the next send).
     keep = 0 if args.no_keepalive else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=keep)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+
+    tls = _tls_context()  # one for all clients: building one costs ~40 ms of CPU
+
+    def make_client() -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=timeout, limits=limits, verify=tls)
+
+    async with make_client() as client:
         model = await resolve_model(client, args)
         prompts = await make_prompts(args, client, args.num_prompts, args.seed)
         if args.warmup:
             warm = await make_prompts(args, client, args.warmup, args.seed + 7919)
-            results, _ = await run_all(args, client, model, warm, math.inf, args.max_concurrency)
+            results, _ = await run_all(
+                args, make_client, model, warm, math.inf, args.max_concurrency
+            )
             bad = sum(not r.ok for r in results)
             if bad:
                 print(f"bench_serve: {bad}/{len(results)} warm-up requests failed", file=sys.stderr)
         before = await prefix_counters(client, args.base_url)
         results, duration = await run_all(
-            args, client, model, prompts, args.request_rate, args.max_concurrency
+            args, make_client, model, prompts, args.request_rate, args.max_concurrency
         )
         after = await prefix_counters(client, args.base_url)
     hits = None

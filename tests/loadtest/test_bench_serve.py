@@ -268,6 +268,17 @@ def test_peer_flags_end_to_end(peer_like, peer_flags):
         assert _PeerLike.connections < _PeerLike.requests
 
 
+def test_each_request_in_flight_keeps_its_own_connection(peer_like):
+    r = bench(
+        *("--base-url", peer_like, "--num-prompts", "24", "--max-concurrency", "3"),
+        *("--input-len", "5", "--output-len", "3", "--ignore-eos", "--token-count", "usage"),
+        "--usage-with-finish",
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    # a client a lane, reused: 3 lanes + the client for /v1/models and /metrics
+    assert _PeerLike.requests >= 25 and _PeerLike.connections <= 4
+
+
 # -- bad input to the tool ------------------------------------------------------------------------
 
 

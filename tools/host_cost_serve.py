@@ -8,7 +8,8 @@ the CPU time), runs loadtest/bench_serve.py against it (completions, streamed, 1
 prompts, 64 output tokens, ignore_eos), and reads the server's per-thread CPU time from
 /proc before and after each run. The main thread runs the event loop: HTTP, SSE framing,
 the step loop's scheduling and detokenizing; its CPU microseconds per output token bound the
-streamed tokens a second one process can serve, whatever the device computes. The model
+streamed tokens a second one process can serve, whatever the device computes. The client's
+CPU a token is printed too: where it nears a core's worth, the client sets the pace. The model
 runs on one CPU thread (`--cpu-threads 1`), leaving the other cores to the event loop and the
 client. Linux only.
 """
@@ -16,6 +17,7 @@ client. Linux only.
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,6 +55,13 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> 
             pass
         time.sleep(0.5)
     sys.exit(f"the server was not ready in {timeout_s:.0f}s")
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of the children waited for so far (the bench_serve runs; the server is
+    waited for only at the end)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def bench(url: str, args, seed: int) -> float:
@@ -93,16 +102,17 @@ def main() -> None:
             wait_healthy(url, proc)
             bench(url, args, seed=0)  # warm-up: compiles, fills the pools
             tokens = args.prompts * 64
-            print("run  out tok/s  main thread us/token  other threads us/token")
+            print("run  out tok/s  main thread us/token  other threads us/token  client us/token")
             mains = []
             for run in range(1, args.repeat + 1):
-                before = thread_cpu_s(proc.pid)
+                before, client_before = thread_cpu_s(proc.pid), children_cpu_s()
                 rate = bench(url, args, seed=run)
-                after = thread_cpu_s(proc.pid)
+                after, client_s = thread_cpu_s(proc.pid), children_cpu_s() - client_before
                 main_s = after[proc.pid] - before.get(proc.pid, 0.0)
                 rest_s = sum(s - before.get(t, 0.0) for t, s in after.items()) - main_s
                 mains.append(main_s / tokens * 1e6)
-                print(f"{run:3d}  {rate:10.0f}  {mains[-1]:20.1f}  {rest_s / tokens * 1e6:22.1f}")
+                print(f"{run:3d}  {rate:10.0f}  {mains[-1]:20.1f}  {rest_s / tokens * 1e6:22.1f}"
+                      f"  {client_s / tokens * 1e6:15.1f}")  # fmt: skip
             print(f"median main thread: {statistics.median(mains):.1f} us/token")
         finally:
             proc.terminate()

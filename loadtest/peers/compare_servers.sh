@@ -36,7 +36,8 @@ PORT_LL=${PORT_LL:-8092}
 PORT_HF=${PORT_HF:-8093}
 HF_MODEL=${HF_MODEL:-}
 HF_ARGS=${HF_ARGS:-}
-[ -x "$LLAMA_SERVER" ] || { echo "compare_servers: no $LLAMA_SERVER (make peer-llama-server)" >&2; exit 2; }
+[ -n "${SKIP_PEER:-}" ] || [ -x "$LLAMA_SERVER" ] ||
+  { echo "compare_servers: no $LLAMA_SERVER (make peer-llama-server)" >&2; exit 2; }
 # The file vtllm serves by default, passed explicitly to both servers.
 MODEL=${MODEL:-$($PY -c 'from vtllm.models.default_model import default_model_path as p; print(p())')}
 PEER_MODEL=${PEER_MODEL:-$MODEL}
@@ -87,7 +88,7 @@ peak_rss() {  # pid name concurrency
   echo "threads: $THREADS"; echo "vtllm args: $VT_ARGS"; echo "peer args: $PEER_ARGS"
   echo "vtllm: $(git rev-parse --short HEAD 2>/dev/null)" \
     "(+$(git status --porcelain 2>/dev/null | wc -l) changed files) $VT_ENV"
-  echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | tr '\n' ' ')"
+  [ -n "${SKIP_PEER:-}" ] || echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | tr '\n' ' ')"
 } > "$OUT/${VT_TAG}_env.txt"
 
 for c in $CONCURRENCY; do
@@ -100,18 +101,19 @@ for c in $CONCURRENCY; do
   peak_rss $pid "$VT_TAG" "$c"
   stop $pid
 
-  [ -n "${SKIP_PEER:-}" ] && continue
-  "$LLAMA_SERVER" -m "$PEER_MODEL" --host 127.0.0.1 --port "$PORT_LL" -t "$THREADS" \
-    -tb "$THREADS" --parallel "$c" --ctx-size $(( MAX_MODEL_LEN * c )) --cont-batching \
-    --no-webui $PEER_ARGS > "$OUT/llamacpp_c$c.log" 2>&1 &
-  pid=$!
-  # llama-server puts the usage on the finish_reason chunk of /v1/completions streams (not on a
-  # chunk of its own); bench_serve accepts that only when told, and only the peer is told.
-  if wait_ready "http://127.0.0.1:$PORT_LL" $pid; then
-    bench llamacpp "http://127.0.0.1:$PORT_LL" "$c" --usage-with-finish
-  else echo "llama-server did not start (see $OUT/llamacpp_c$c.log)" >&2; fi
-  peak_rss $pid llamacpp "$c"
-  stop $pid
+  if [ -z "${SKIP_PEER:-}" ]; then
+    "$LLAMA_SERVER" -m "$PEER_MODEL" --host 127.0.0.1 --port "$PORT_LL" -t "$THREADS" \
+      -tb "$THREADS" --parallel "$c" --ctx-size $(( MAX_MODEL_LEN * c )) --cont-batching \
+      --no-webui $PEER_ARGS > "$OUT/llamacpp_c$c.log" 2>&1 &
+    pid=$!
+    # llama-server puts the usage on the finish_reason chunk of /v1/completions streams (not
+    # on a chunk of its own); bench_serve accepts that only when told, and only the peer is.
+    if wait_ready "http://127.0.0.1:$PORT_LL" $pid; then
+      bench llamacpp "http://127.0.0.1:$PORT_LL" "$c" --usage-with-finish
+    else echo "llama-server did not start (see $OUT/llamacpp_c$c.log)" >&2; fi
+    peak_rss $pid llamacpp "$c"
+    stop $pid
+  fi
 
   [ -z "$HF_MODEL" ] && continue
   $PY loadtest/peers/hf_server.py --model "$HF_MODEL" --port "$PORT_HF" --max-batch "$c" \

@@ -157,6 +157,27 @@ def test_ring_kernel_gives_the_split_kernels_bits(rng, case, kv, monkeypatch):
     assert not np.isnan(np.delete(want[:live], np.arange(live)[rows], axis=0)).any()
 
 
+def test_decode_batches_of_min_rows_run_the_ring_kernel(rng, monkeypatch):
+    """paged_attention with a scratch: the split kernel below attention_ring.MIN_ROWS query
+    rows, the ring kernel from there on; both match the reference."""
+    ran = []
+    for mod in (attention_split, attention_ring):
+        monkeypatch.setattr(mod, "split_attention",
+                            lambda *a, _mod=mod, _run=mod.split_attention, **kw:
+                            (ran.append(_mod), _run(*a, **kw)))  # fmt: skip
+    hq, hk, d, bs = 4, 2, 16, 4
+    for rows, want in ((attention_ring.MIN_ROWS - 1, attention_split),
+                       (attention_ring.MIN_ROWS, attention_ring)):  # fmt: skip
+        k_cache, v_cache, tables, seq_lens, qsl, _ = build(rng, hk, d, bs, [(1, 9)] * rows, 0)
+        q = rng.standard_normal((rows, hq, d)).astype(np.float32)
+        out = poisoned((rows, hq, d))
+        paged_attention(dev(q), dev(k_cache), dev(v_cache), dev(tables), dev(seq_lens),
+                        dev(qsl), 0.25, out, scratch=make_scratch(rows, hq, d, 16))  # fmt: skip
+        assert ran.pop() is want and not ran
+        ref = paged_attention_ref(q, k_cache, v_cache, tables, seq_lens, qsl, 0.25)
+        np.testing.assert_allclose(host(out), ref, rtol=0, atol=2e-5)
+
+
 def test_skips_inconsistent_sequences(rng):
     """Metadata is on the device, so bad sequences are skipped (left unwritten), not raised."""
     k_cache, v_cache, tables, seq_lens, qsl, _ = build(rng, 1, 8, 4, [(2, 6), (1, 3)], 0)

@@ -193,8 +193,8 @@ def paged_attention(
 
     Where head_dim <= 128 and a multiple of 4, and Hq / Hk <= 8 (unless split=False), the
     kernels of attention_split run it; `scratch` (attention_split.make_scratch) lets
-    decode-sized batches spread each row over many blocks. Either way a row's result is the
-    same bits.
+    decode-sized batches spread each row over many blocks, with attention_ring's kernel from
+    attention_ring.MIN_ROWS rows on. Either way a row's result is the same bits.
     """
     check_attention("paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens,
                     query_start_loc)  # fmt: skip
@@ -202,12 +202,12 @@ def paged_attention(
     s = seq_lens.shape[0]
     if s == 0 or t == 0:
         return
-    from vtllm.kernels.cuda import attention_split
+    from vtllm.kernels.cuda import attention_ring, attention_split
 
     if split and attention_split.supports(hq, k_cache.shape[2], d):
         meta = (block_tables, seq_lens, query_start_loc)
-        attention_split.split_attention(q, k_cache, v_cache, *meta, scale, out, scratch,
-                                        stream=stream)  # fmt: skip
+        kernels = attention_ring if t >= attention_ring.MIN_ROWS else attention_split
+        kernels.split_attention(q, k_cache, v_cache, *meta, scale, out, scratch, stream=stream)
         return
     threads = max(32, -(-d // 32) * 32)
     _paged_attention_kernel[(t, hq), threads, stream](

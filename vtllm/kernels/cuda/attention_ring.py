@@ -2,16 +2,18 @@
 splits through a ring in shared memory: attention_split's decode kernel with its sums, so its
 bits. Hot path: keep it lean.
 
-Not wired in yet: it stands beside attention_split with the same entry points
-(split_attention, rope_attention, TARGET_BLOCKS; tools/device_bench_attention.py --variant
-times it against the split kernel) until the H200 shows it faster. Why: the split kernel works
-a split across its whole block in three phases with four block barriers, reads each K row
-from shared memory once per query head and passes every K and V value through registers and
-shared memory. A first ring version (whole-split stages) gained only 3-12%; Nsight found it
-latency-bound, with too few warps (6 or 12 an SM for ~70 KB of rings a block) and ~2.5x as
-many instructions as FMAs, numba having kept the dot loop a loop with 64-bit counters and
-address math (BENCHMARKS.md). This version: small ring items (12 or 16 warps an SM) and the
-dot steps written out.
+paged_attention runs it for steps of MIN_ROWS query rows or more (batched decode); below
+that, and for rope_attention (one-row steps), the split kernel stays: same entry points
+(split_attention, rope_attention, TARGET_BLOCKS), same bits, so either can serve any step.
+Why a second kernel: the split kernel works a split across its whole block in three phases
+with four block barriers, reads each K row from shared memory once per query head and passes
+every K and V value through registers and shared memory. A first ring version (whole-split
+stages) gained only 3-12%; Nsight found it latency-bound, with too few warps (6 or 12 an SM
+for ~70 KB of rings a block) and ~2.5x as many instructions as FMAs, numba having kept the dot
+loop a loop with 64-bit counters and address math. This version: small ring items and the dot
+steps written out. On the H200 it is 5-19% faster than the split kernel from 32 rows on, and
+as fast or slower at one row, where a warp a split leaves most of the SMs idle
+(BENCHMARKS.md, "decode attention with a ring a warp, measured").
 
 A block serves one query token and one kv head (the GQA group's G query heads share every K
 and V load). It stages the scaled queries in shared memory once; then each warp works alone
@@ -79,6 +81,7 @@ from vtllm.kernels.cuda.attention_split import (
 )
 
 __all__ = [
+    "MIN_ROWS",
     "TARGET_BLOCKS",
     "fuses_rope",
     "make_scratch",
@@ -90,15 +93,21 @@ __all__ = [
 CHUNK = 32  # dims of a K ring item (SPLIT rows of them)
 V_KEYS = 8  # keys of a V ring item (rows of head_dim values)
 # (warps a block, ring stages a warp, registers a thread) by cache type. At 128 dims a stage
-# is 4.6 KB (float32) or 2.3 KB (bf16): three blocks an SM of float32 (12 warps, registers to
-# spare), four of bf16 (16 warps: 128 registers, a few spilled).
-GEOMETRY = {np.float32: (4, 3, 168), np.uint16: (4, 4, 128)}
+# is 4.6 KB (float32) or 2.3 KB (bf16); at 168 registers three blocks fit an SM (12 warps).
+# bf16 at 128 registers (four blocks, a few values spilled) was 9-16% slower on the H200.
+GEOMETRY = {np.float32: (4, 3, 168), np.uint16: (4, 4, 168)}
 if SIMULATOR:
     GEOMETRY = {np.float32: (2, 3, 0), np.uint16: (2, 4, 0)}
 Q_ITEMS = MAX_GROUP * MAX_DIM // 64  # query values a thread loads, at most (2 warps a block)
 SUMS = 4 * MAX_GROUP  # register arrays (numba needs plain constants): four sums a head
 STATES = 2 * MAX_GROUP  # a split's max and sum per head
-TARGET_BLOCKS = 396  # decode grid size to aim for (H200: 132 SMs, three blocks each)
+# decode grid size to aim for: four blocks an SM of the H200's 132 (three fit at once; with a
+# float32 cache 528 was 0-10% faster than 396 and 0-6% faster than 792; bf16 was swept at 396)
+TARGET_BLOCKS = 528
+# paged_attention's query rows from which this kernel runs rather than the split kernel: the
+# H200 had the ring ahead from 32 rows on and level or behind at one; rows between were not
+# measured
+MIN_ROWS = 16
 
 
 def _stage_words(head_dim: int, itemsize: int) -> int:

@@ -11,6 +11,7 @@ launch, over enough copies of the KV cache that it comes from HBM (not L2). --va
 other copies of attention_split.py too (checked against ours), or any module with its entry
 points: --variant vtllm/kernels/cuda/attention_ring.py times the ring kernel. --kv bfloat16: a cache of bf16
 bits (2 bytes a value) and torch's K/V and q in bf16. --shapes 8B: only that shape.
+--cases 8B:8:1024,8B:16:1024 times those (shape:batch:context) cases instead of CASES.
 --geometries 4:3:168,2:3:128 sweeps a ring module's (warps, stages, registers) for the cache
 type in use, without copies of the module.
     python3 tools/device_bench_attention.py --prefill 512,1024,4096 [--variant FILE ...]
@@ -94,6 +95,7 @@ def main():
     p.add_argument("--prefill", default="", help="prompt lengths: time the prefill path")
     p.add_argument("--kv", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--shapes", default=",".join(SHAPES), help="which of " + ", ".join(SHAPES))
+    p.add_argument("--cases", default="", help="shape:batch:context,... instead of CASES")
     args = p.parse_args()
     shapes = args.shapes.split(",")
     mods = [("ours", attention_split)] + [(Path(v).stem, load(v)) for v in args.variant]
@@ -107,7 +109,8 @@ def main():
     print(
         f"{'kernel':22s} {'shape':5s} {'batch':>5s} {'ctx':>5s} {'us':>8s} {'GB/s':>6s} {'torch us':>8s} {'GB/s':>6s} {'max err':>8s}"
     )
-    for shape, batch, ctx in [c for c in CASES if c[0] in shapes]:
+    cases = [(c.split(":")[0], *map(int, c.split(":")[1:])) for c in args.cases.split(",") if c]
+    for shape, batch, ctx in [c for c in cases or CASES if c[0] in shapes]:
         hq, hk, d = SHAPES[shape]
         kcs, vcs, meta, q = case_arrays(rng, hq, hk, d, batch, ctx, args.kv)
         bf16 = args.kv == "bfloat16"

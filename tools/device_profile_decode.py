@@ -2,7 +2,7 @@
 """Where a decode step's time goes on the GPU: the whole step's graph, each op alone, and the
 host. Run on the GPU machine from the repo root (after .device/bootstrap.sh):
     python3 tools/device_profile_decode.py CHECKPOINT_DIR [--batch 1]
-    python3 tools/device_profile_decode.py CHECKPOINT_DIR --prefill 1024
+    python3 tools/device_profile_decode.py CHECKPOINT_DIR --prefill 1024 [--dtype float32]
 --prefill N profiles the prefill of one N-token prompt instead (its wall time with the step's
 graph and eagerly, the graph alone, each op over the step's tokens). Each GPU figure is a CUDA
 graph of 20 back-to-back launches replayed 5 times, median per launch, so Python launch
@@ -56,6 +56,8 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill")
+    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                   help="KV cache and matmul inputs (bfloat16: the default on cuda)")  # fmt: skip
     args = p.parse_args()
     if args.prefill:
         args.batch, args.context = 1, args.prefill
@@ -64,7 +66,8 @@ def main():
     B, ctx = args.batch, args.context
     runner = CudaModelRunner(loaded, block_size=16, max_num_seqs=max(8, B), max_model_len=4096,
                              max_num_batched_tokens=max(2048, B * ctx), kv_cache_memory=4 << 30,
-                             kv_cache_fraction=0.0, use_graphs=True)  # fmt: skip
+                             kv_cache_fraction=0.0, use_graphs=True, kv_cache_dtype=args.dtype,
+                             matmul_input_dtype=args.dtype)  # fmt: skip
     # B requests with ctx tokens each, prefilled, then decode steps
     per = -(-(ctx + 200) // 16)
     plan = StepPlan(0, [SeatedRequest(i, list(range(3, 3 + ctx)), ctx,

@@ -83,19 +83,20 @@ KNOBS = (
     Knob(
         "kv_cache_dtype",
         "str",
-        "float32",
+        "auto",
         "KV cache storage: float32, or bfloat16 (cuda only: twice the tokens in the same memory, "
-        "values rounded to bf16 as vLLM stores them for bf16 models)",
-        choices=("float32", "bfloat16"),
+        "values rounded to bf16 as vLLM stores them for bf16 models); auto: bfloat16 on cuda, "
+        "float32 on cpu",
+        choices=("auto", "float32", "bfloat16"),
     ),
     Knob(
         "matmul_input_dtype",
         "str",
-        "float32",
+        "auto",
         "activations entering bf16 matmuls on the tensor cores: float32 (split into two bf16), "
         "or bfloat16 (cuda only: rounded to bf16 as torch and llama.cpp feed 16-bit GEMMs; half "
-        "the tensor-core work, float32 sums either way)",
-        choices=("float32", "bfloat16"),
+        "the tensor-core work, float32 sums either way); auto: bfloat16 on cuda, float32 on cpu",
+        choices=("auto", "float32", "bfloat16"),
     ),
     Knob("block_size", "int", 16, "tokens per KV cache block", 1, 1024),
     Knob("enable_prefix_caching", "bool", True, "reuse KV blocks of shared prompt prefixes"),
@@ -218,8 +219,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_memory: int = 0
     kv_cache_fraction: float = 0.2
     kv_cache_resident_memory: int = 0
-    kv_cache_dtype: str = "float32"
-    matmul_input_dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
+    matmul_input_dtype: str = "auto"
     block_size: int = 16
     enable_prefix_caching: bool = True
     async_depth: int = 2

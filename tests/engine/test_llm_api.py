@@ -3,6 +3,7 @@
 import pytest
 
 from vtllm import LLM, SamplingParams
+from vtllm.engine.build import resolved_dtype
 from vtllm.errors import ContextLengthExceeded, InvalidParameter, ModelLoadError
 from vtllm.models.synthetic import write_checkpoint
 
@@ -64,6 +65,14 @@ def test_bf16_kv_cache_is_refused_on_the_cpu(tmp_path):
     with pytest.raises(InvalidParameter, match="kv_cache_dtype bfloat16 runs on the cuda"):
         LLM(str(directory), kv_cache_dtype="bfloat16")
     LLM(str(directory), kv_cache_dtype="float32", max_model_len=64).close()
+
+
+def test_auto_dtypes_are_bf16_on_cuda_and_float32_on_the_cpu(tmp_path):
+    assert resolved_dtype("auto", "cuda") == "bfloat16"
+    assert resolved_dtype("auto", "cpu") == "float32"
+    assert resolved_dtype("float32", "cuda") == "float32"
+    directory = write_checkpoint(tmp_path / "m", "tiny", seed=1)
+    LLM(str(directory), kv_cache_dtype="auto", matmul_input_dtype="auto", max_model_len=64).close()
 
 
 def test_bf16_matmul_inputs_are_refused_on_the_cpu(tmp_path):

@@ -23,9 +23,10 @@ def tiny(tmp_path_factory):
 
 
 def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "float32",
-         pdl: bool = True):  # fmt: skip
+         pdl: bool = True, matmul: str = "float32"):  # fmt: skip
     """kv: the KV cache dtype; the budget holds the same number of blocks at either width.
-    pdl: the graphs' kernel edges programmatic (VT_CUDA_PDL)."""
+    pdl: the graphs' kernel edges programmatic (VT_CUDA_PDL). matmul: the matmul input dtype
+    (float32 here, the cuda default being bfloat16, so the CPU comparisons hold to float32)."""
     half = kv == "bfloat16"
     config, _ = resolve(
         device=device,
@@ -33,6 +34,7 @@ def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str 
         cuda_pdl=pdl,
         async_depth=depth,
         kv_cache_dtype=kv,
+        matmul_input_dtype=matmul,
         kv_cache_memory=30 * 2048 // (2 if half else 1),  # as in the CPU law: forces preemptions
         block_size=4,
         max_num_seqs=16,
@@ -147,7 +149,8 @@ def test_logprobs_and_prompt_logprobs_match_cpu(tmp_path):
     prompt = list(range(10, 30))
     outs = {}
     for device in ("cpu", "cuda"):
-        llm = LLM(str(directory), device=device, kv_cache_memory=1 << 22, max_model_len=128)
+        llm = LLM(str(directory), device=device, kv_cache_memory=1 << 22, max_model_len=128,
+                  kv_cache_dtype="float32", matmul_input_dtype="float32")  # fmt: skip
         try:
             outs[device] = llm.generate([prompt], params)[0]
         finally:
@@ -193,3 +196,26 @@ def test_folded_norms_give_the_bits_of_the_unfolded_step(tmp_path, monkeypatch, 
     np.testing.assert_array_equal(folded, unfolded)
     cpu = teacher_forced_logits(make_runner(loaded), ids, chunks)
     assert np.abs(folded - cpu).max() < 1e-3 * np.abs(cpu).max()
+
+
+def test_auto_dtypes_run_bf16_on_cuda(tmp_path):
+    """The cuda defaults (auto) are the bf16 KV cache and bf16 matmul inputs: the same logprobs,
+    bit for bit, as asking for them, and not those of the float32 configuration."""
+    from vtllm.llm import LLM
+
+    directory = write_checkpoint(tmp_path / "m", "tiny-qwen3", seed=6, peaked=True, bf16=True)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    prompt = list(range(10, 40))
+    outs = {}
+    for name, dtypes in (("auto", {}), ("bf16", {"kv_cache_dtype": "bfloat16",
+                         "matmul_input_dtype": "bfloat16"}), ("f32", {"kv_cache_dtype": "float32",
+                         "matmul_input_dtype": "float32"})):  # fmt: skip
+        llm = LLM(str(directory), device="cuda", kv_cache_memory=1 << 22, max_model_len=128,
+                  **dtypes)  # fmt: skip
+        try:
+            out = llm.generate([prompt], params)[0].outputs[0]
+        finally:
+            llm.close()
+        outs[name] = (out.token_ids, [(lp.logprob, *lp.top_logprobs) for lp in out.logprobs])
+    assert outs["auto"] == outs["bf16"]
+    assert outs["auto"][1] != outs["f32"][1]

@@ -95,7 +95,8 @@ def test_peaked_greedy_128_tokens_token_exact(tmp_path, shape):
     prompt = np.random.default_rng(5).integers(3, 500, 12).tolist()
     ref = _hf_greedy(_hf(directory, torch.float32), prompt, 128)
     llm = LLM(str(directory), device="cuda", max_num_seqs=4, kv_cache_memory=256 << 20,
-              max_model_len=512)  # fmt: skip
+              max_model_len=512, kv_cache_dtype="float32",
+              matmul_input_dtype="float32")  # fmt: skip
     try:
         got = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=128,
                                                     ignore_eos=True))[0]  # fmt: skip

@@ -65,9 +65,9 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
 
 def resolved_dtype(setting: str, device: str) -> str:
     """kv_cache_dtype / matmul_input_dtype as the backend takes it: auto is bfloat16 on cuda
-    (what vLLM and llama.cpp run a 16-bit model with; on the H200 it made the 8B shape's
-    batched decode ~10% faster and its 1,024-token prefill ~20%: BENCHMARKS.md) and float32 on
-    the cpu, whose kernels compute in float32 only."""
+    (what vLLM and llama.cpp run a 16-bit model with; each setting alone made the 8B shape's
+    batched decode 5-10% faster on the H200, bf16 inputs its 1,024-token prefill 1.25x:
+    BENCHMARKS.md) and float32 on the cpu, whose kernels compute in float32 only."""
     if setting != "auto":
         return setting
     return "bfloat16" if device == "cuda" else "float32"
@@ -79,12 +79,12 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
     else:
         from vtllm.kernels import cpu as ops
 
-    if resolved_dtype(config.kv_cache_dtype, "cpu") == "bfloat16":
+    if config.kv_cache_dtype == "bfloat16":  # auto is float32 here
         raise InvalidParameter(
             "kv_cache_dtype bfloat16 runs on the cuda device only; the cpu backend stores float32",
             param="kv_cache_dtype",
         )
-    if resolved_dtype(config.matmul_input_dtype, "cpu") == "bfloat16":
+    if config.matmul_input_dtype == "bfloat16":
         raise InvalidParameter(
             "matmul_input_dtype bfloat16 runs on the cuda device only",
             param="matmul_input_dtype",

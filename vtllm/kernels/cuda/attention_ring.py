@@ -12,8 +12,9 @@ stages) gained only 3-12%; Nsight found it latency-bound, with too few warps (6 
 for ~70 KB of rings a block) and ~2.5x as many instructions as FMAs, numba having kept the dot
 loop a loop with 64-bit counters and address math. This version: small ring items and the dot
 steps written out. On the H200 it is 5-19% faster than the split kernel from 32 rows on, and
-as fast or slower at one row, where a warp a split leaves most of the SMs idle
-(BENCHMARKS.md, "decode attention with a ring a warp, measured").
+as fast or slower at one row, where a warp a split leaves most of the SMs idle; on an H100 it
+is level or ahead from 4 rows on (BENCHMARKS.md, "decode attention with a ring a warp,
+measured", and MIN_ROWS below).
 
 A block serves one query token and one kv head (the GQA group's G query heads share every K
 and V load). It stages the scaled queries in shared memory once; then each warp works alone
@@ -104,10 +105,12 @@ STATES = 2 * MAX_GROUP  # a split's max and sum per head
 # decode grid size to aim for: four blocks an SM of the H200's 132 (three fit at once; with a
 # float32 cache 528 was 0-10% faster than 396 and 0-6% faster than 792; bf16 was swept at 396)
 TARGET_BLOCKS = 528
-# paged_attention's query rows from which this kernel runs rather than the split kernel: the
-# H200 had the ring ahead from 32 rows on and level or behind at one; rows between were not
-# measured
-MIN_ROWS = 16
+# paged_attention's query rows from which this kernel runs rather than the split kernel. 8B
+# shape, 1,024 keys, on an H100 (tools/device_bench_attention.py --cases): level at 4 rows with
+# a float32 cache (27.6 vs 27.9 us) and ahead with bf16 (22.1 vs 24.7), ahead at 8, 12, 16 and
+# 24 rows with either (bf16 12 rows: 37.6 vs 57.5), level at 32 with float32; at one row the
+# split kernel was ahead (float32 18.2 vs 17.4 us). Rows 2 and 3 were not measured.
+MIN_ROWS = 4
 
 
 def _stage_words(head_dim: int, itemsize: int) -> int:

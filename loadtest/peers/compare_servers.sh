@@ -19,7 +19,8 @@
 # HF_MODEL=DIR adds HF transformers (hf_server.py, static batches of C, HF_ARGS such as
 # "--device cuda") as a third server on that checkpoint, run name "hf"; PY must have torch.
 # Afterwards: python loadtest/peers/compare_table.py $OUT prints the table with ratios, and
-# each server's peak RSS (VmHWM, saved as $OUT/<run>_c<C>.rss) where those files exist.
+# each server's peak RSS (VmHWM, saved as $OUT/<run>_c<C>.rss) where those files exist, and how
+# vtllm's step loop spent each run (its /metrics read before and after, $OUT/<run>_c<C>.metrics).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -75,6 +76,9 @@ bench() {  # name url concurrency [bench_serve flags]
     "$OUT/${name}_c$c.txt" | sed 's/^/   /' || true
 }
 
+# vtllm's /metrics (compare_table.py's step-loop table).
+snapshot() { curl -sf "$1/metrics" > "$2" || true; }  # url file
+
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 # Peak RSS (VmHWM, kB) of a server over its whole life, read just before it is stopped.
@@ -96,7 +100,10 @@ for c in $CONCURRENCY; do
     --max-num-seqs "$c" --max-model-len "$MAX_MODEL_LEN" --log-level warning $VT_ARGS \
     > "$OUT/${VT_TAG}_c$c.log" 2>&1 &
   pid=$!
-  if wait_ready "http://127.0.0.1:$PORT_VT" $pid; then bench "$VT_TAG" "http://127.0.0.1:$PORT_VT" "$c"
+  if wait_ready "http://127.0.0.1:$PORT_VT" $pid; then
+    snapshot "http://127.0.0.1:$PORT_VT" "$OUT/${VT_TAG}_c$c.metrics.before"
+    bench "$VT_TAG" "http://127.0.0.1:$PORT_VT" "$c"
+    snapshot "http://127.0.0.1:$PORT_VT" "$OUT/${VT_TAG}_c$c.metrics"
   else echo "vtllm did not start (see $OUT/${VT_TAG}_c$c.log)" >&2; fi
   peak_rss $pid "$VT_TAG" "$c"
   stop $pid

@@ -9,7 +9,13 @@ ratios of each to the peer run (the last of --runs, llamacpp by default): output
 (above 1: the run is faster), latencies as run/peer (below 1: the run is faster). A run with a
 failed request is marked, since its numbers cover only the requests that passed. Where
 OUT/<run>_c<C>.rss files exist (a server's VmHWM in kB), a second table gives peak RSS per
-(concurrency, run) and its ratio to the peer's.
+(concurrency, run) and its ratio to the peer's. Where compare_servers.sh saved vtllm's
+/metrics before and after a run (OUT/<run>_c<C>.metrics.before and .metrics), a third table
+splits the step loop's busy time between the two snapshots (the time on its clock,
+vt:engine_seconds, less the time it had no request), per step: its own work (scheduling,
+delivering tokens), awaiting the launched steps' results (the device's time the host did not
+cover), and the rest: the event loop running other tasks (HTTP, SSE) while the step loop was
+ready to go on. A rest that dwarfs the wait means the device waited on the host.
 """
 
 import argparse
@@ -98,6 +104,71 @@ def rss_rows(table: dict[int, dict[str, float]], runs: list[str]) -> list[str]:
     return out
 
 
+LOOP_COUNTERS = (
+    "vt:engine_seconds_total",
+    "vt:num_steps_total",
+    "vt:prompt_tokens_total",
+    "vt:generation_tokens_total",
+    "vt:engine_host_seconds_total",
+    "vt:engine_wait_seconds_total",
+    "vt:engine_idle_seconds_total",
+)
+
+
+def read_snapshot(path: str) -> dict[str, float] | None:
+    """{counter: value} from a saved /metrics body, or None if it is incomplete (a server too
+    old to export the step loop's seconds, or a failed scrape)."""
+    values = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                values[name.split("{")[0]] = float(value)
+    found = all(k in values for k in LOOP_COUNTERS)
+    return {k: values[k] for k in LOOP_COUNTERS} if found else None
+
+
+def load_loop(out: str, runs: list[str]) -> dict[int, dict[str, dict[str, float]]]:
+    """{concurrency: {run: counters after minus before}} where both snapshots are complete."""
+    table: dict[int, dict[str, dict[str, float]]] = {}
+    pattern = re.compile(r"^(?P<run>.+)_c(?P<c>\d+)\.metrics$")
+    for name in sorted(os.listdir(out)):
+        m = pattern.match(name)
+        if not m or m["run"] not in runs:
+            continue
+        after = read_snapshot(os.path.join(out, name))
+        before_path = os.path.join(out, name + ".before")
+        before = read_snapshot(before_path) if os.path.exists(before_path) else None
+        if after is None or before is None:
+            continue
+        table.setdefault(int(m["c"]), {})[m["run"]] = {k: after[k] - before[k] for k in after}
+    return table
+
+
+def loop_rows(table: dict[int, dict[str, dict[str, float]]], runs: list[str]) -> list[str]:
+    out = [
+        "| C | server | steps | prompt + output tokens a step | loop work ms a step "
+        "| awaiting results ms a step | rest ms a step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(table):
+        for run in runs:
+            d = table[c].get(run)
+            if d is None or d["vt:num_steps_total"] <= 0:
+                continue
+            steps = d["vt:num_steps_total"]
+            prompt, output = d["vt:prompt_tokens_total"], d["vt:generation_tokens_total"]
+            host, wait = d["vt:engine_host_seconds_total"], d["vt:engine_wait_seconds_total"]
+            busy = d["vt:engine_seconds_total"] - d["vt:engine_idle_seconds_total"]
+            rest = busy - host - wait
+            out.append(
+                f"| {c} | {run} | {steps:.0f} | {prompt / steps:.1f} + {output / steps:.1f} "
+                f"| {1e3 * host / steps:.2f} | {1e3 * wait / steps:.2f} "
+                f"| {1e3 * rest / steps:.2f} |"
+            )
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="compare_table", description=__doc__.split("\n\n")[0])
     p.add_argument("out", help="compare_servers.sh's OUT directory")
@@ -114,6 +185,9 @@ def main(argv=None) -> int:
     rss = load_rss(args.out, args.runs)
     if rss:
         print("\n" + "\n".join(rss_rows(rss, args.runs)))
+    loop = loop_rows(load_loop(args.out, args.runs), args.runs)
+    if len(loop) > 2:  # a row past the header
+        print("\n" + "\n".join(loop))
     return 0
 
 

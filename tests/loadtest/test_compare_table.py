@@ -69,3 +69,43 @@ def test_missing_inputs_exit_2(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("compare_table: error: no directory")
     r = run(tmp_path)
     assert r.returncode == 2 and "no <run>_c<C>.json" in r.stderr
+
+
+def snapshot(at, steps, prompt, output, host, wait, idle):
+    names = {
+        "vt:engine_seconds_total": at,
+        "vt:num_steps_total": steps,
+        "vt:prompt_tokens_total": prompt,
+        "vt:generation_tokens_total": output,
+        "vt:engine_host_seconds_total": host,
+        "vt:engine_wait_seconds_total": wait,
+        "vt:engine_idle_seconds_total": idle,
+    }
+    lines = ["# HELP vt:num_steps engine steps launched"]
+    lines += [f'{name}{{model_name="m"}} {value}' for name, value in names.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_step_loop_table_from_metrics_snapshots(tmp_path):
+    (tmp_path / "vtllm_c64.json").write_text(json.dumps(summary(1, 1, 1.0, 1.0)))
+    (tmp_path / "vtllm_c64.metrics.before").write_text(snapshot(100.0, 10, 0, 0, 1.0, 1.0, 5.0))
+    # 12 s on the loop's clock, 2 of them idle; 1,000 steps: 2 ms of loop work, 3 ms awaiting
+    # results, so 10 - 2 - 3 = 5 ms a step went to the event loop's other tasks
+    (tmp_path / "vtllm_c64.metrics").write_text(snapshot(112.0, 1010, 8192, 64000, 3.0, 4.0, 7.0))
+    (tmp_path / "llamacpp_c64.json").write_text(json.dumps(summary(1, 1, 1.0, 1.0)))
+    lines = run(tmp_path).stdout.splitlines()
+    assert lines[-3:] == [
+        "| C | server | steps | prompt + output tokens a step | loop work ms a step "
+        "| awaiting results ms a step | rest ms a step |",
+        "|---|---|---|---|---|---|---|",
+        "| 64 | vtllm | 1000 | 8.2 + 64.0 | 2.00 | 3.00 | 5.00 |",
+    ]
+
+
+def test_step_loop_table_skips_incomplete_snapshots(tmp_path):
+    (tmp_path / "vtllm_c1.json").write_text(json.dumps(summary(1, 1, 1.0, 1.0)))
+    (tmp_path / "vtllm_c1.metrics").write_text(snapshot(2.0, 5, 0, 5, 0.1, 0.1, 0.1))
+    # no .before file (the scrape failed): no table rather than a made-up one
+    assert "steps" not in run(tmp_path).stdout
+    (tmp_path / "vtllm_c1.metrics.before").write_text('vt:num_steps_total{model_name="m"} 1\n')
+    assert "steps" not in run(tmp_path).stdout

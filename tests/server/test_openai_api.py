@@ -135,6 +135,16 @@ def test_metrics_count_tokens_and_latencies(server):
     assert after["vt:e2e_request_latency_seconds_count"] == (
         before["vt:e2e_request_latency_seconds_count"] + 1
     )
+    # the step loop's split of its time: its own work, and awaiting the steps' results
+    assert after["vt:num_steps_total"] >= before["vt:num_steps_total"] + 7
+    assert after["vt:engine_host_seconds_total"] > before["vt:engine_host_seconds_total"]
+    assert after["vt:engine_wait_seconds_total"] > before["vt:engine_wait_seconds_total"]
+    parts = ("host", "wait", "idle")
+    spent = sum(
+        after[f"vt:engine_{p}_seconds_total"] - before[f"vt:engine_{p}_seconds_total"]
+        for p in parts
+    )
+    assert 0 < spent <= after["vt:engine_seconds_total"] - before["vt:engine_seconds_total"]
 
 
 def test_streamed_logprob_offsets_continue_across_chunks(server):

@@ -119,7 +119,14 @@ class StepLoop:
         self.stopping = False
         self.num_steps = 0
         self.num_finished = 0
+        self.created_at = perf_counter()  # the clock the seconds below are parts of
         self.host_seconds = 0.0  # scheduling and bookkeeping on the event-loop thread
+        # awaiting a launched step's results (the device's time the host did not cover with
+        # its own work: near zero while the device waits on the host instead), and waiting for
+        # a request; time_split adds the spell in progress
+        self._wait_seconds = self._idle_seconds = 0.0
+        self._wait_since: float | None = None
+        self._idle_since: float | None = None
         self.shadow = ShadowCheck(backend, shadow_rate)
         # on_added(tracked), on_scheduled(tracked, now), on_tokens(tracked, n, now),
         # on_finish(tracked, update, now)
@@ -195,11 +202,14 @@ class StepLoop:
                         continue
                 if in_flight:
                     step = in_flight.popleft()
+                    self._wait_since = perf_counter()
                     # abandon_on_cancel: a hung step must not hold up the shutdown after the
                     # watchdog declared the engine dead.
                     result = await anyio.to_thread.run_sync(
                         backend.collect, step, abandon_on_cancel=True
                     )
+                    self._wait_seconds += perf_counter() - self._wait_since
+                    self._wait_since = None
                     if self.dead is not None:
                         return
                     started = self.progress_at = perf_counter()
@@ -210,7 +220,10 @@ class StepLoop:
                 if self.stopping and not scheduler.has_work():
                     return
                 self.stepping = False
+                self._idle_since = perf_counter()
                 await self._wake.wait()
+                self._idle_seconds += perf_counter() - self._idle_since
+                self._idle_since = None
                 self._wake = anyio.Event()
         except Exception as exc:
             if self.on_dead is None:  # offline use (LLM, warm-up): the caller sees the error
@@ -223,6 +236,17 @@ class StepLoop:
         except BaseException:
             self.fail_all("the engine stopped while serving this request")
             raise
+
+    def time_split(self, now: float) -> tuple[float, float, float]:
+        """(host, wait, idle) seconds up to perf_counter() reading `now`, a wait or idle spell
+        in progress included, so two readings bound what happened between them (each spell
+        is counted in the reading that sees it)."""
+        wait, idle = self._wait_seconds, self._idle_seconds
+        if self._wait_since is not None:
+            wait += max(now - self._wait_since, 0.0)
+        if self._idle_since is not None:
+            idle += max(now - self._idle_since, 0.0)
+        return self.host_seconds, wait, idle
 
     def die(self, reason: str) -> None:
         """Mark the engine dead: every request it holds fails, nothing steps again."""

@@ -10,6 +10,7 @@ finished_reason (stop, length, abort, error); aborts are also counted by the pha
 """
 
 import asyncio
+from time import perf_counter
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -207,12 +208,31 @@ class _SchedulerCounters:
         state = self.observer.state
         if state is None:
             return
-        scheduler = state.loop.scheduler
+        scheduler, now = state.loop.scheduler, perf_counter()
+        host, wait, idle = state.loop.time_split(now)
         values = {
             "vt:num_preemptions": ("preemptions", scheduler.num_preemptions),
             "vt:prefix_cache_queries": ("prompt tokens looked up", scheduler.pool.num_query_tokens),
             "vt:prefix_cache_hits": ("prompt tokens found cached", scheduler.pool.num_hit_tokens),
             "vt:num_steps": ("engine steps launched", state.loop.num_steps),
+            # the step loop's clock and its parts, read together (a client's clock around
+            # the scrape would add the scrape's own latency to the split)
+            "vt:engine_seconds": (
+                "seconds since the step loop was made",
+                now - state.loop.created_at,
+            ),
+            "vt:engine_host_seconds": (
+                "seconds the step loop spent scheduling and delivering tokens",
+                host,
+            ),
+            "vt:engine_wait_seconds": (
+                "seconds the step loop awaited launched steps' results",
+                wait,
+            ),
+            "vt:engine_idle_seconds": (
+                "seconds the step loop had no request to step",
+                idle,
+            ),
         }
         for name, (doc, value) in values.items():
             family = CounterMetricFamily(name, doc, labels=["model_name"])

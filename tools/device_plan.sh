@@ -17,5 +17,5 @@ step http_table python3 loadtest/peers/compare_table.py /tmp/res/http --runs vtl
 step prefill_wave python3 -m vtllm bench throughput --device cuda --model $M --num-prompts 256 \
   --input-len 128 --output-len 1 --concurrency 64
 step prof_q_prefill1024 python3 tools/device_profile_decode.py $M --prefill 1024
-# batched decode between 1 and 16 rows end to end now that the ring kernel runs from 4 rows
+# batched decode at 4 to 16 rows end to end now that the ring kernel runs from 4 rows
 step l_small $B --shapes llama3-8b --prompts 128 --batches 4,8,12,16

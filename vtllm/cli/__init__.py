@@ -15,4 +15,6 @@ def cli_settings(args) -> tuple[dict, config.EngineConfig]:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # numba's driver logs every allocation and module unload at INFO: traces, not news
+    logging.getLogger("numba").setLevel(logging.WARNING)
     return cli, engine_config

@@ -2,6 +2,7 @@
 
 import time
 
+import msgspec
 import numpy as np
 
 from vtllm.llm import LLM
@@ -34,14 +35,13 @@ def bench_throughput(llm: LLM, num_prompts, input_len, output_len, concurrency) 
     for seats in concurrency:
         row = {}
         for depth in (1, 2):
-            bench_llm = LLM(
-                loaded_model=llm.loaded,
-                async_depth=depth,
-                max_num_seqs=seats,
-                enable_prefix_caching=False,
-                kv_cache_memory=llm.config.kv_cache_memory or None,
-                cpu_threads=llm.config.cpu_threads or None,
-            )
+            # every other setting as given (--device among them), these three varied
+            knobs = msgspec.structs.asdict(llm.config) | {
+                "async_depth": depth,
+                "max_num_seqs": seats,
+                "enable_prefix_caching": False,
+            }
+            bench_llm = LLM(loaded_model=llm.loaded, **knobs)
             _run(bench_llm, prompts[:2], 2)  # warm-up: compiled kernels, touched pages
             row[f"depth{depth}"] = _run(bench_llm, prompts, output_len)
             bench_llm.backend.close()

@@ -1,10 +1,11 @@
 # ruff: noqa: E501
 """Where a decode step's time goes on the GPU: the whole step's graph, each op alone, and the
 host. Run on the GPU machine from the repo root (after .device/bootstrap.sh):
-    python3 tools/device_profile_decode.py CHECKPOINT_DIR [--batch 1]
-    python3 tools/device_profile_decode.py CHECKPOINT_DIR --prefill 1024 [--dtype float32]
---prefill N profiles the prefill of one N-token prompt instead (its wall time with the step's
-graph and eagerly, the graph alone, each op over the step's tokens). Each GPU figure is a CUDA
+    python3 tools/device_profile_decode.py CHECKPOINT_DIR [--batch 1] [--mixed 128]
+    python3 tools/device_profile_decode.py CHECKPOINT_DIR --prefill 1024 [--seqs 1] [--dtype float32]
+--prefill N profiles the prefill of N prompt tokens (--seqs prompts of N / seqs tokens) instead (its wall time with the step's
+graph and eagerly, the graph alone, each op over the step's tokens). --mixed P profiles a decode
+step of the batch that also prefills a P-token prompt (a serving step under load). Each GPU figure is a CUDA
 graph of 20 back-to-back launches replayed 5 times, median per launch, so Python launch
 overhead is not in it. Host figures time the runner's own calls."""
 
@@ -56,15 +57,17 @@ def main():
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill")
+    p.add_argument("--mixed", type=int, default=0, help="decode steps also prefill P tokens")
+    p.add_argument("--seqs", type=int, default=1, help="prompts the prefill's tokens are split in")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
                    help="KV cache and matmul inputs (bfloat16: the default on cuda)")  # fmt: skip
     args = p.parse_args()
     if args.prefill:
-        args.batch, args.context = 1, args.prefill
+        args.batch, args.context = args.seqs, args.prefill // args.seqs
     loaded = load_model(args.model)
     c = loaded.config
     B, ctx = args.batch, args.context
-    runner = CudaModelRunner(loaded, block_size=16, max_num_seqs=max(8, B), max_model_len=4096,
+    runner = CudaModelRunner(loaded, block_size=16, max_num_seqs=max(8, B + 1), max_model_len=4096,
                              max_num_batched_tokens=max(2048, B * ctx), kv_cache_memory=4 << 30,
                              kv_cache_fraction=0.0, use_graphs=True, kv_cache_dtype=args.dtype,
                              matmul_input_dtype=args.dtype)  # fmt: skip
@@ -78,11 +81,17 @@ def main():
     if args.prefill:
         return profile_prefill(runner, plan)
     step = [1]
+    P = args.mixed  # a prompt in slot B, seated again every step
+    newcomer = SeatedRequest(B, list(range(5, 5 + P)), P, SamplingParams(temperature=0.0), 0,
+                             list(range(B * per, B * per + -(-P // 16))))  # fmt: skip
 
     def decode_plan():
         n = ctx + step[0]
         step[0] += 1
-        return StepPlan(step[0], [], [Chunk(i, n - 1, 1, [], sample=True) for i in range(B)], [])
+        chunks = [Chunk(i, n - 1, 1, [], sample=True) for i in range(B)]
+        if not P:
+            return StepPlan(step[0], [], chunks, [])
+        return StepPlan(step[0], [newcomer], [*chunks, Chunk(B, 0, P, [], sample=True)], [B])
 
     for _ in range(3):
         runner.execute(decode_plan())
@@ -96,16 +105,21 @@ def main():
     for _ in range(50):
         runner.execute(decode_plan())
     sync_step = (time.perf_counter() - t0) / 50
-    bucket = next(b for b in runner.buckets if b >= B)
+    bucket = next(b for b in runner.buckets if b >= B + P)
     graph = runner.graphs[bucket]
     s = runner.stream
     whole = gpu_us(s, graph.replay, reps=10, capture=False)
     print(f"model {c.num_layers} layers hidden {c.hidden_size} vocab {c.vocab_size}; batch {B} "
-          f"context {ctx}; graph nodes {graph.num_nodes}")  # fmt: skip
+          f"context {ctx}, prefill {P}; graph nodes {graph.num_nodes}")  # fmt: skip
     print(f"decode step graph (GPU): {whole:8.1f} us")
     print(f"host launch() median:    {1e6 * statistics.median(host):8.1f} us")
     print(f"synchronous step:        {1e6 * sync_step:8.1f} us")
 
+    if P:  # the staged mixed step, as the prefill profile stages its own
+        from vtllm.executor.step_layout import graph_counts
+
+        counts = graph_counts(bucket, runner.max_num_seqs)
+        return op_rows(runner, bucket, counts[2], runner._layout(*counts)[1])
     views = runner._layout(bucket, bucket, bucket, bucket)[1]
     op_rows(runner, B, B, views)
 
@@ -114,8 +128,8 @@ def profile_prefill(runner, plan):
     """Wall time of the prefill step (graph, then eager), its graph alone, then each op."""
     from vtllm.executor.step_layout import graph_counts
 
-    T = plan.chunks[0].num_tokens
-    again = StepPlan(1, plan.seated, plan.chunks, [0])  # slot 0 freed and seated again
+    T = sum(chunk.num_tokens for chunk in plan.chunks)
+    again = StepPlan(1, plan.seated, plan.chunks, list(range(len(plan.seated))))  # freed, seated again
     wall = {}
     for graphs in (False, True):
         runner.use_graphs = graphs
@@ -131,7 +145,7 @@ def profile_prefill(runner, plan):
     whole = gpu_us(runner.stream, graph.replay, reps=3, capture=False)
     c = runner.config
     print(f"model {c.num_layers} layers hidden {c.hidden_size} vocab {c.vocab_size}; prefill "
-          f"{T} tokens in bucket {bucket}; graph nodes {graph.num_nodes}")  # fmt: skip
+          f"{T} tokens of {len(plan.chunks)} prompts in bucket {bucket}; graph nodes {graph.num_nodes}")  # fmt: skip
     print(f"prefill step, eager (wall):  {1e3 * wall[False]:9.2f} ms")
     print(f"prefill step, graph (wall):  {1e3 * wall[True]:9.2f} ms")
     print(f"prefill graph alone (GPU):   {whole / 1e3:9.2f} ms")

@@ -178,6 +178,40 @@ def test_decode_batches_of_min_rows_run_the_ring_kernel(rng, monkeypatch):
         np.testing.assert_allclose(host(out), ref, rtol=0, atol=2e-5)
 
 
+@pytest.mark.parametrize("kv", ["float32", "bfloat16"])
+@pytest.mark.parametrize("head", [4, 6])
+def test_a_step_longer_than_the_scratch_splits_its_rows_between_kernels(rng, kv, head,
+                                                                        monkeypatch):  # fmt: skip
+    """Decodes with prompts beside them and more rows than the scratch: its first rows go
+    through the ring kernel (here one row ends mid-prompt), the rest through the prefill
+    kernel: the reference, and the same bits as the prefill kernel alone."""
+    hq, hk, d, bs = 4, 2, 16, 4
+    seqs = [(1, 40), (1, 9), (1, 17), (5, 5), (3, 9), (1, 30)]
+    k_cache, v_cache, tables, seq_lens, qsl, _ = build(rng, hk, d, bs, seqs)
+    if kv == "bfloat16":
+        k_cache, v_cache = to_bf16_bits(k_cache), to_bf16_bits(v_cache)
+    t = int(qsl[-1]) + 2  # two padding rows
+    q = (rng.standard_normal((t, hq, d)) * 2).astype(np.float32)
+    meta = dev(tables), dev(seq_lens), dev(qsl)
+    ran, launch = [], attention_ring._launch
+    monkeypatch.setattr(attention_ring, "_launch",
+                        lambda *a: (ran.append(a[8].shape[0]), launch(*a)))  # fmt: skip
+
+    def run(scratch):
+        out = poisoned((t, hq, d))
+        paged_attention(dev(q), dev(k_cache), dev(v_cache), *meta, d**-0.5, out, scratch=scratch)
+        return host(out)
+
+    got = run(make_scratch(head, hq, d, int(seq_lens.max()) + 1))
+    assert ran == [head], "the ring kernel took the scratch's worth of leading rows"
+    values = bf16_values if kv == "bfloat16" else np.asarray
+    ref = paged_attention_ref(q, values(k_cache), values(v_cache), tables, seq_lens, qsl, d**-0.5)
+    live = qsl[-1]
+    np.testing.assert_allclose(got[:live], ref[:live], rtol=0, atol=2e-5)
+    assert np.isnan(got[live:]).all(), "rows past every sequence must stay unwritten"
+    np.testing.assert_array_equal(got, run(None))  # the prefill kernel for every row
+
+
 def test_skips_inconsistent_sequences(rng):
     """Metadata is on the device, so bad sequences are skipped (left unwritten), not raised."""
     k_cache, v_cache, tables, seq_lens, qsl, _ = build(rng, 1, 8, 4, [(2, 6), (1, 3)], 0)

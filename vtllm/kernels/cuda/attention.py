@@ -194,7 +194,8 @@ def paged_attention(
     Where head_dim <= 128 and a multiple of 4, and Hq / Hk <= 8 (unless split=False), the
     kernels of attention_split run it; `scratch` (attention_split.make_scratch) lets
     decode-sized batches spread each row over many blocks, with attention_ring's kernel from
-    attention_ring.MIN_ROWS rows on. Either way a row's result is the same bits.
+    attention_ring.MIN_ROWS rows on (longer steps: its first rows, the prefill kernel the
+    rest). Either way a row's result is the same bits.
     """
     check_attention("paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens,
                     query_start_loc)  # fmt: skip

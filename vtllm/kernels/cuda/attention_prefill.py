@@ -174,7 +174,8 @@ def _columns(smem, r0, pieces, pv, ps):
 
 
 @cuda.jit(cache=True, **_REGISTERS)
-def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out):
+def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+                    first_token):  # fmt: skip
     grid_dependency_sync()
     tile, hk = cuda.gridDim.x - 1 - cuda.blockIdx.x, cuda.blockIdx.y  # heaviest tiles first
     tid = cuda.threadIdx.x
@@ -183,7 +184,7 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     G = q.shape[1] // Hk
     quads = D // 4
     per_tile = ROWS // G
-    t_end = imin((tile + 1) * per_tile, q.shape[0])
+    t_end = imin(first_token + (tile + 1) * per_tile, q.shape[0])
     smem = cuda.shared.array(0, float32)  # dynamic: SHARED_BYTES
     acc = cuda.local.array((V_ROWS, PIECES, 4), float32)  # running p @ V of this thread's rows
     pv = cuda.local.array((V_ROWS, PIECES, 4), float32)  # the split's
@@ -196,7 +197,7 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     cg, v_r0 = tid % COL_GROUPS, (tid // COL_GROUPS) * V_ROWS  # p @ V tile
     for c in range(PIECES):
         pieces[c] = 4 * imin(cg + c * COL_GROUPS, quads - 1)
-    first = tile * per_tile
+    first = first_token + tile * per_tile
     while first < t_end:  # one run of tokens of one sequence at a time
         s = _sequence_of(query_start_loc, first)
         if s < 0:
@@ -288,13 +289,17 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
 
 
 def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                      *, stream=0) -> None:  # fmt: skip
+                      *, first_token=0, stream=0) -> None:  # fmt: skip
     """As attention.paged_attention, whose launcher has checked the arguments (and that
-    attention_split supports the shape)."""
+    attention_split supports the shape), for rows first_token on (the rows before it are left
+    to another kernel)."""
     T, Hq, _ = q.shape
+    if T <= first_token:
+        return
     Hk = k_cache.shape[2]
     per_tile = ROWS // (Hq // Hk)
-    grid = (-(-T // per_tile), Hk)
-    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, np.float32(scale), out)
+    grid = (-(-(T - first_token) // per_tile), Hk)
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, np.float32(scale), out,
+            first_token)  # fmt: skip
     allow_dynamic_shared(_prefill_kernel, args, SHARED_BYTES)
     _prefill_kernel[grid, THREADS, stream, SHARED_BYTES](*args)

@@ -129,6 +129,8 @@ def test_chunked_prefill_keeps_decodes_running():
     for plan, slot_to_id in log:
         by_id = {slot_to_id[c.slot]: c for c in plan.chunks}
         assert sum(c.num_tokens for c in plan.chunks) <= 16
+        sizes = [c.num_tokens for c in plan.chunks]
+        assert sizes == sorted(sizes, key=lambda n: n > 1), "decode chunks lead the step"
         if "long" in by_id and by_id["long"].start < 100:
             long_chunks.append(by_id["long"])
             assert all(by_id[s.request_id].num_tokens == 1 for s in shorts), "decode stalled"

@@ -189,6 +189,13 @@ class Scheduler:
                     plp_slots[req.slot] = req
         if not chunks:
             return None  # freed slots wait for the next plan: no seat needs them before it
+        if any(c.num_tokens > 1 for c in chunks[:-1]):
+            # one-token chunks (decodes) first: the CUDA backend's attention gives a long
+            # step's leading rows to its decode kernel, a prompt continuation ahead of them
+            # would push them into the prefill kernel, which is slow on one-token sequences
+            chunks.sort(key=lambda c: c.num_tokens > 1)
+            by_slot = {req.slot: req for req in samplers}
+            samplers = [by_slot[c.slot] for c in chunks if c.sample]
         step_id = self._next_step_id
         self._next_step_id += 1
         plan = StepPlan(step_id, seated, chunks, self._freed_slots)

@@ -129,7 +129,8 @@ def profile_prefill(runner, plan):
     from vtllm.executor.step_layout import graph_counts
 
     T = sum(chunk.num_tokens for chunk in plan.chunks)
-    again = StepPlan(1, plan.seated, plan.chunks, list(range(len(plan.seated))))  # freed, seated again
+    freed = list(range(len(plan.seated)))  # every slot freed and seated again
+    again = StepPlan(1, plan.seated, plan.chunks, freed)
     wall = {}
     for graphs in (False, True):
         runner.use_graphs = graphs

@@ -3,11 +3,11 @@
 host. Run on the GPU machine from the repo root (after .device/bootstrap.sh):
     python3 tools/device_profile_decode.py CHECKPOINT_DIR [--batch 1] [--mixed 128]
     python3 tools/device_profile_decode.py CHECKPOINT_DIR --prefill 1024 [--seqs 1] [--dtype float32]
---prefill N profiles the prefill of N prompt tokens (--seqs prompts of N / seqs tokens) instead (its wall time with the step's
-graph and eagerly, the graph alone, each op over the step's tokens). --mixed P profiles a decode
-step of the batch that also prefills a P-token prompt (a serving step under load). Each GPU figure is a CUDA
-graph of 20 back-to-back launches replayed 5 times, median per launch, so Python launch
-overhead is not in it. Host figures time the runner's own calls."""
+--mixed P profiles a decode step of the batch that also prefills a P-token prompt (a serving
+step under load). --prefill N profiles the prefill of N prompt tokens in --seqs prompts instead
+(its wall time with the step's graph and eagerly, the graph alone, each op over the step's
+tokens). Each GPU figure is a CUDA graph of 20 back-to-back launches replayed 5 times, median
+per launch, so Python launch overhead is not in it. Host figures time the runner's own calls."""
 
 import argparse
 import statistics
@@ -115,19 +115,14 @@ def main():
     print(f"host launch() median:    {1e6 * statistics.median(host):8.1f} us")
     print(f"synchronous step:        {1e6 * sync_step:8.1f} us")
 
-    if P:  # the staged mixed step, as the prefill profile stages its own
-        from vtllm.executor.step_layout import graph_counts
-
-        counts = graph_counts(bucket, runner.max_num_seqs)
-        return op_rows(runner, bucket, counts[2], runner._layout(*counts)[1])
+    if P:
+        return staged_op_rows(runner, bucket)
     views = runner._layout(bucket, bucket, bucket, bucket)[1]
     op_rows(runner, B, B, views)
 
 
 def profile_prefill(runner, plan):
     """Wall time of the prefill step (graph, then eager), its graph alone, then each op."""
-    from vtllm.executor.step_layout import graph_counts
-
     T = sum(chunk.num_tokens for chunk in plan.chunks)
     freed = list(range(len(plan.seated)))  # every slot freed and seated again
     again = StepPlan(1, plan.seated, plan.chunks, freed)
@@ -150,8 +145,15 @@ def profile_prefill(runner, plan):
     print(f"prefill step, eager (wall):  {1e3 * wall[False]:9.2f} ms")
     print(f"prefill step, graph (wall):  {1e3 * wall[True]:9.2f} ms")
     print(f"prefill graph alone (GPU):   {whole / 1e3:9.2f} ms")
+    staged_op_rows(runner, bucket)
+
+
+def staged_op_rows(runner, bucket):
+    """op_rows over the step last staged in this bucket's graph (its metadata, its rows)."""
+    from vtllm.executor.step_layout import graph_counts
+
     counts = graph_counts(bucket, runner.max_num_seqs)
-    op_rows(runner, bucket, counts[2], runner._layout(*counts)[1])  # the staged prefill step
+    op_rows(runner, bucket, counts[2], runner._layout(*counts)[1])
 
 
 def op_rows(runner, T, R, views):

@@ -16,7 +16,7 @@ bits (2 bytes a value) and torch's K/V and q in bf16. --shapes 8B: only that sha
 type in use, without copies of the module.
     python3 tools/device_bench_attention.py --prefill 512,1024,4096 [--variant FILE ...]
 times the prefill path instead (one prompt of n tokens attending causally to itself, no
-scratch) against torch's causal scaled_dot_product_attention; a variant may be a copy of
+scratch; --kv as above) against torch's causal scaled_dot_product_attention; a variant may be a copy of
 attention_split.py (its split_attention without scratch) or of attention_prefill.py.
 Each case launches its kernel once outside a graph before timing, so a profiler can take that
 launch: ncu --kernel-name regex:_prefill_kernel --launch-count 1 --section SpeedOfLight
@@ -37,6 +37,7 @@ from device_bench_linear import numba_us, torch_us  # noqa: E402
 from vtllm.kernels.cuda import attention_split  # noqa: E402
 from vtllm.models.synthetic import to_bf16_bits  # noqa: E402
 
+TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # name: (query heads, kv heads, head dim)
 SHAPES = {"0.6B": (16, 8, 128), "8B": (32, 8, 128), "135M": (9, 3, 64)}
 CASES = [  # (shape, batch, context)
@@ -100,7 +101,7 @@ def main():
     shapes = args.shapes.split(",")
     mods = [("ours", attention_split)] + [(Path(v).stem, load(v)) for v in args.variant]
     if args.prefill:
-        return bench_prefill(mods, [int(n) for n in args.prefill.split(",")], shapes)
+        return bench_prefill(mods, [int(n) for n in args.prefill.split(",")], shapes, args.kv)
     targets = [int(t) for t in args.targets.split(",") if t]
     geometries = [tuple(int(x) for x in g.split(":")) for g in args.geometries.split(",") if g]
     cache_type = np.uint16 if args.kv == "bfloat16" else np.float32
@@ -168,7 +169,7 @@ def runs(mods, targets, geometries, cache_type):
             mod.GEOMETRY[cache_type] = original
 
 
-def bench_prefill(mods, lengths, shapes):
+def bench_prefill(mods, lengths, shapes, kv):
     """One n-token prompt per case, KV already in the cache; TFLOP/s counts q.k and p.v over
     the causal half (4 hq d n^2 / 2 flops)."""
     stream = cuda.stream()
@@ -179,7 +180,7 @@ def bench_prefill(mods, lengths, shapes):
     for shape in [s for s in ("135M", "0.6B", "8B") if s in shapes]:
         hq, hk, d = SHAPES[shape]
         for n in lengths:
-            kcs, vcs, _, _ = case_arrays(rng, hq, hk, d, 1, n)
+            kcs, vcs, _, _ = case_arrays(rng, hq, hk, d, 1, n, kv)
             per = -(-n // BS)
             tables = cuda.to_device((1 + np.arange(per, dtype=np.int32)).reshape(1, per))
             meta = (
@@ -189,7 +190,7 @@ def bench_prefill(mods, lengths, shapes):
             )
             q = cuda.to_device(rng.standard_normal((n, hq, d)).astype(np.float32))
             tflop = 4 * hq * d * n * n / 2 / 1e6
-            qt = torch.randn(1, hq, n, d, device="cuda")
+            qt = torch.randn(1, hq, n, d, device="cuda", dtype=TORCH_DTYPE[kv])
             kt, vt = torch.randn_like(qt), torch.randn_like(qt)
             peer = torch_us(
                 lambda qt=qt, kt=kt, vt=vt: torch.nn.functional.scaled_dot_product_attention(

@@ -180,6 +180,24 @@ if SIMULATOR:
         return r0, r1, r2, r3
 
     @cuda.jit(device=True)
+    def octet_max4(a, b, c, d):
+        tid, _ = _exchange((a, b, c, d))
+        base = tid - tid % 8
+        r = _lanes[base][0]
+        for i in range(1, 32):
+            r = max(r, _lanes[base + i % 8][i // 8])
+        return r
+
+    @cuda.jit(device=True)
+    def octet_sum4(a, b, c, d):
+        tid, _ = _exchange((a, b, c, d))
+        base = tid - tid % 8
+        r = _lanes[base][0]
+        for i in range(1, 32):  # warp_sum's order here: item by item
+            r += _lanes[base + i % 8][i // 8]
+        return r
+
+    @cuda.jit(device=True)
     def block_sum(v, scratch):
         """The GPU's shape of sum: each warp's, then the warps' in order."""
         _, nt = _exchange(v)
@@ -254,6 +272,28 @@ else:
     @cuda.jit(device=True)
     def warp_sum4(a, b, c, d):
         return warp_sum(a), warp_sum(b), warp_sum(c), warp_sum(d)
+
+    @cuda.jit(device=True)
+    def octet_max4(a, b, c, d):
+        """The max of 32 items held four a lane by eight consecutive lanes (item k + 8 u in
+        slot u of lane k of the eight), for each of the eight lanes: warp_max's result had
+        item i been lane i's. Every lane of the warp calls it."""
+        v = fmax(fmax(a, b), fmax(c, d))
+        v = fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 4))
+        v = fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 2))
+        return fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 1))
+
+    @cuda.jit(device=True)
+    def octet_sum4(a, b, c, d):
+        """The sum of 32 items laid out as for octet_max4, with warp_sum's bits: its lanes 16
+        and 8 apart hold items 16 and 8 apart, here slots u ^ 2 and u ^ 1 of one lane, and its
+        last three steps pair the same items across the eight lanes (a + b == b + a in
+        float32, so which of a pair adds which does not matter)."""
+        v = (a + c) + (b + d)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 4)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 2)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
+        return v
 
     @cuda.jit(device=True)
     def lane_xor16(v):

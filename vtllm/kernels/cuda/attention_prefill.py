@@ -5,15 +5,17 @@ both products. Hot path: keep it lean.
 attention_split's decode kernel gives a block one token and one kv head; a prefill of n tokens
 through it loads every split of K and V n times. Here a block owns one kv head and ROWS // G
 consecutive tokens (G = Hq / Hk), so up to ROWS rows; the tokens of the tile that belong to one
-sequence (a run) go through each split of SPLIT keys together, in four phases:
+sequence (a run) go through each split of SPLIT keys together, in three phases:
   1. load: the split's K and V into shared memory (warp w keys w, w + WARPS, ..., lane l dims
      4l .. 4l + 3, every load in flight before the first store);
-  2. scores: thread (row group, key group) computes S_ROWS rows x S_KEYS keys of q . k, each
-     128-bit load of q serving S_KEYS keys and each load of k serving S_ROWS rows (the old
-     kernel, one key a thread, loaded q anew for every key: shared memory was its limit);
-  3. softmax: warp w takes rows w, w + WARPS, ..., lane j key j, and reduces each row's scores
-     with warp_max and warp_sum exactly as the decode kernel does;
-  4. p @ V: thread (row group, column group) sums V_ROWS rows x PIECES four-column pieces,
+  2. scores and softmax: thread (row group, key group) computes S_ROWS rows x S_KEYS keys of
+     q . k, each 128-bit load of q serving S_KEYS keys and each load of k serving S_ROWS rows,
+     then each row's max, p and sum of p among the row's eight key groups (consecutive
+     lanes: three shuffles a reduction), with the bits of the decode kernel's warp_max and
+     warp_sum over lane j = key j (octet_max4, octet_sum4). A softmax phase of its own, a
+     warp a row, cost a barrier and a pass of the scores through shared memory, and ran
+     each warp's eight rows one after another, ten dependent shuffles each;
+  3. p @ V: thread (row group, column group) sums V_ROWS rows x PIECES four-column pieces,
      each V load serving V_ROWS rows, folded into running states held in registers.
 Per row and key, and per row and column, every sum runs in the decode kernel's order (its
 _score: four partial sums over dims in order; its _weighted_columns: keys in order), and a
@@ -30,12 +32,14 @@ is dynamic shared memory: two blocks of 8 warps share an SM.
 
 On the H200 (tools/device_bench_attention.py --prefill): 1.5x the previous kernel (one
 16-row tile a block, q . k one key a thread) at 1,024 tokens and 1.8x at 4,096, about even
-at 128 (slower on the 135M shape); still ~2.5-2.8x slower than torch's float32 SDPA. A lone
-block takes ~15 us a split (128 tokens: 60 us for 4 splits) where its ~2,900 instructions a
-warp would issue in ~3 us. Not profiled yet; the suspects are the four barriers a split (the
-load phase's latency is not hidden behind math) and 128-bit shared loads at four wavefronts
-each in the score phase (6 loads per 32 FMAs). Next to try: the next split's K and V loaded
-during this one's math, larger score tiles.
+at 128; the softmax folded into the score phase took another 1.15-1.20x (bf16 cache, 0.6B and
+8B shapes, 128-2,048 tokens: 0.6B 1,024 503 -> 427 us), same bits. Still ~20x slower than
+torch's bf16 SDPA. Nsight (0.6B, 1,024 tokens, bf16): one wave of 256 blocks whose work grows
+with the tile (the last tokens see the most keys), so the SMs are busy 54% of the kernel's
+time; the busy ones issue every 1.7 cycles (3.6 warps a scheduler, two blocks an SM by
+registers and shared memory), short-scoreboard (shared memory) a third of the stalls. The
+critical path is the heaviest tile's splits one after another; splitting its keys over blocks
+needs their states folded in order (attention_split._fold), i.e. the decode path's scratch.
 """
 
 import math
@@ -43,7 +47,15 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fmax, imin, warp_max, warp_sum
+from vtllm.kernels.cuda._device import (
+    NEG_INF,
+    SIMULATOR,
+    fmax,
+    imin,
+    octet_max4,
+    octet_sum4,
+    warp_max,
+)
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4
 from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
@@ -68,6 +80,7 @@ THREADS = 32 * WARPS
 # the eight key groups of a warp read eight consecutive K rows (no bank conflict: ROW % 32 = 4)
 S_KEYS = 4
 KEY_GROUPS = SPLIT // S_KEYS
+assert S_KEYS == 4 and KEY_GROUPS == 8  # a row's keys are an octet's (octet_sum4)
 S_ROWS = 2
 ROWS = THREADS // KEY_GROUPS * S_ROWS  # rows of a tile: 64 (16 in the simulator)
 # p @ V: V_ROWS rows x PIECES four-column pieces per thread, pieces cg and cg + COL_GROUPS, so
@@ -146,6 +159,41 @@ def _scores(smem, r0, kg, D, sc):
     else:
         for d in range(0, D, 4):
             _score_step(smem, q_at, k_at, d, sc)
+
+
+@cuda.jit(device=True)
+def _probability(score, m):
+    return math.exp(score - m) if score != NEG_INF else np.float32(0.0)
+
+
+@cuda.jit(device=True)
+def _softmax(smem, r0, kg, n_rows, lims, lo, sc):
+    """The split's softmax of rows r0 .. r0 + S_ROWS - 1, where the scores are (sc): p of
+    this thread's keys to the probability rows, each row's max and sum of p to M and L (by
+    the key groups' first thread). The eight key groups of a row are consecutive lanes, so
+    octet_max4 and octet_sum4 give warp_max's and warp_sum's results over the row's keys
+    with key j at lane j: the decode kernel's bits, without a pass through shared memory."""
+    for i in range(S_ROWS):
+        r = r0 + i
+        for u in range(S_KEYS):  # the score, in place of its first partial sum
+            score = NEG_INF
+            if r < n_rows and kg + u * KEY_GROUPS < lims[i] - lo:
+                score = (sc[i, u, 0] + sc[i, u, 1]) + (sc[i, u, 2] + sc[i, u, 3])
+            sc[i, u, 0] = score
+        m = octet_max4(sc[i, 0, 0], sc[i, 1, 0], sc[i, 2, 0], sc[i, 3, 0])
+        # p as scalars, not through the float32 array: the simulator's exp is float64 and
+        # its warp_sum adds the unrounded values
+        p0, p1 = _probability(sc[i, 0, 0], m), _probability(sc[i, 1, 0], m)
+        p2, p3 = _probability(sc[i, 2, 0], m), _probability(sc[i, 3, 0], m)
+        at = P_AT + r * P_ROW + kg
+        smem[at] = p0
+        smem[at + KEY_GROUPS] = p1
+        smem[at + 2 * KEY_GROUPS] = p2
+        smem[at + 3 * KEY_GROUPS] = p3
+        l = octet_sum4(p0, p1, p2, p3)
+        if kg == 0:
+            smem[M_AT + r] = m
+            smem[L_AT + r] = l
 
 
 @cuda.jit(device=True)
@@ -236,24 +284,7 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
                         w, lane, D, smem, shift)  # fmt: skip
             cuda.syncthreads()
             _scores(smem, s_r0, kg, D, sc)
-            for i in range(S_ROWS):
-                r = s_r0 + i
-                for u in range(S_KEYS):
-                    j = kg + u * KEY_GROUPS
-                    score = NEG_INF
-                    if r < n_rows and j < lims[i] - lo:
-                        score = (sc[i, u, 0] + sc[i, u, 1]) + (sc[i, u, 2] + sc[i, u, 3])
-                    smem[P_AT + r * P_ROW + j] = score
-            cuda.syncthreads()
-            for r in range(w, ROWS, WARPS):  # block-uniform: every warp reduces alike
-                score = smem[P_AT + r * P_ROW + lane]
-                m = warp_max(score)
-                p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
-                l = warp_sum(p)
-                smem[P_AT + r * P_ROW + lane] = p
-                if lane == 0:
-                    smem[M_AT + r] = m
-                    smem[L_AT + r] = l
+            _softmax(smem, s_r0, kg, n_rows, lims, lo, sc)
             cuda.syncthreads()
             _columns(smem, v_r0, pieces, pv, ps)
             for i in range(V_ROWS):

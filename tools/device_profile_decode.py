@@ -59,6 +59,8 @@ def main():
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill")
     p.add_argument("--mixed", type=int, default=0, help="decode steps also prefill P tokens")
     p.add_argument("--seqs", type=int, default=1, help="prompts the prefill's tokens are split in")
+    p.add_argument("--split-rows", type=int, default=0,
+                   help="the runner's split_attention_rows (VT_CUDA_SPLIT_ATTENTION_ROWS)")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
                    help="KV cache and matmul inputs (bfloat16: the default on cuda)")  # fmt: skip
     args = p.parse_args()
@@ -70,7 +72,8 @@ def main():
     runner = CudaModelRunner(loaded, block_size=16, max_num_seqs=max(8, B + 1), max_model_len=4096,
                              max_num_batched_tokens=max(2048, B * ctx), kv_cache_memory=4 << 30,
                              kv_cache_fraction=0.0, use_graphs=True, kv_cache_dtype=args.dtype,
-                             matmul_input_dtype=args.dtype)  # fmt: skip
+                             matmul_input_dtype=args.dtype,
+                             split_attention_rows=args.split_rows)  # fmt: skip
     # B requests with ctx tokens each, prefilled, then decode steps
     per = -(-(ctx + 200) // 16)
     plan = StepPlan(0, [SeatedRequest(i, list(range(3, 3 + ctx)), ctx,

@@ -126,6 +126,16 @@ KNOBS = (
         "in a replayed step, launch each kernel as the blocks of the one before it exit "
         "(programmatic dependent launch, sm_90 and later; off: plain graph edges)",
     ),
+    Knob(
+        "cuda_split_attention_rows",
+        "int",
+        0,
+        "a step's leading rows whose attention splits keys over blocks (decode kernels; a "
+        "float32 scratch of rows x heads x max-model-len / 32 x head-dim); a longer step's other "
+        "rows go to the prefill kernel (0: max-num-seqs)",
+        0,
+        1 << 16,
+    ),
     Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),
     Knob("port", "int", 8000, "port the HTTP server binds", 0, 65535),
     Knob("max_body_bytes", "bytes", 4 << 20, "largest request body", 1024, 1 << 30),
@@ -230,6 +240,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     device: str = "cpu"
     cuda_graphs: bool = True
     cuda_pdl: bool = True
+    cuda_split_attention_rows: int = 0
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 4 << 20

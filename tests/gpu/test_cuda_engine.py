@@ -23,15 +23,17 @@ def tiny(tmp_path_factory):
 
 
 def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "float32",
-         pdl: bool = True, matmul: str = "float32"):  # fmt: skip
+         pdl: bool = True, matmul: str = "float32", split_rows: int = 0):  # fmt: skip
     """kv: the KV cache dtype; the budget holds the same number of blocks at either width.
     pdl: the graphs' kernel edges programmatic (VT_CUDA_PDL). matmul: the matmul input dtype
-    (float32 here, the cuda default being bfloat16, so the CPU comparisons hold to float32)."""
+    (float32 here, the cuda default being bfloat16, so the CPU comparisons hold to float32).
+    split_rows: VT_CUDA_SPLIT_ATTENTION_ROWS."""
     half = kv == "bfloat16"
     config, _ = resolve(
         device=device,
         cuda_graphs=graphs,
         cuda_pdl=pdl,
+        cuda_split_attention_rows=split_rows,
         async_depth=depth,
         kv_cache_dtype=kv,
         matmul_input_dtype=matmul,
@@ -68,6 +70,15 @@ def test_depth2_equals_depth1_on_gpu(tiny, workload, gpu_sync, graphs, pdl):
     overlapped, preempt2 = _run(tiny, workload, device="cuda", depth=2, graphs=graphs, pdl=pdl)
     assert preempt1 + preempt2 > 0, "the KV budget should force preemptions"
     _assert_same(workload, sync, overlapped)
+
+
+def test_split_attention_rows_leave_the_tokens_unchanged(tiny, workload, gpu_sync):
+    """Steps of up to 64 tokens with a 16-row scratch send rows past 16 to the prefill
+    kernel; with 64 scratch rows every row takes the decode kernels. Same bits either way, so
+    the same tokens (the same schedule: both synchronous)."""
+    sync, _ = gpu_sync
+    wide, _ = _run(tiny, workload, device="cuda", depth=1, graphs=False, split_rows=64)
+    _assert_same(workload, sync, wide)
 
 
 def test_depth2_equals_depth1_with_bf16_kv(tiny, workload):

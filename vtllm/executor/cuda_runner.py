@@ -71,7 +71,8 @@ class CudaModelRunner:
                  max_model_len: int, max_num_batched_tokens: int, kv_cache_memory: int,
                  kv_cache_fraction: float, use_graphs: bool,
                  kv_cache_dtype: str = "float32",
-                 matmul_input_dtype: str = "float32", cuda_pdl: bool = True):  # fmt: skip
+                 matmul_input_dtype: str = "float32", cuda_pdl: bool = True,
+                 split_attention_rows: int = 0):  # fmt: skip
         if kv_cache_dtype not in KV_DTYPES:
             raise InvalidParameter(
                 f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}",
@@ -89,9 +90,12 @@ class CudaModelRunner:
         self.max_tokens = max(max_num_batched_tokens, max_num_seqs)
         self.max_blocks = -(-(max_model_len + 1) // block_size)
         self.stream = s = cuda.stream()
+        # a step's leading rows (its decode tokens come first) whose attention spreads keys
+        # over blocks; the scratch that takes their split states grows with max_model_len
+        split_rows = min(self.max_tokens, max(max_num_seqs, split_attention_rows))
         self.model = CudaForward(c, loaded.weights, max_tokens=self.max_tokens,
                                  max_positions=max_model_len + 1,
-                                 max_decode_rows=max_num_seqs, stream=s,
+                                 max_decode_rows=split_rows, stream=s,
                                  x_bf16=matmul_input_dtype == "bfloat16")  # fmt: skip
         # the mirror: [max_num_seqs, max_model_len + 1] int32 on the device
         self.token_ids_dev = cuda.to_device(np.zeros((max_num_seqs, max_model_len + 1), np.int32))

@@ -23,3 +23,19 @@ T=900 step http_hf env PY=python3 MODEL=$M VT_ARGS="--device cuda" HF_MODEL=$M \
   HF_ARGS="--device cuda --dtype bfloat16" SKIP_PEER=1 THREADS=16 CONCURRENCY=64 \
   OUT=/tmp/res/http bash loadtest/peers/compare_servers.sh
 step http_table python3 loadtest/peers/compare_table.py /tmp/res/http --runs vtllm hf
+# Where the prefill kernel's warps stall, by SASS instruction (Nsight's source page; the SMs
+# were busy 54% of its time, issuing every 1.7 cycles then); the report stays out of res.tgz
+T=300 step ncu_prefill_full ncu --kernel-name regex:_prefill_kernel --launch-count 1 --set full \
+  -o /tmp/ncu_prefill_1024 python3 tools/device_bench_attention.py --prefill 1024 --shapes 0.6B \
+  --kv bfloat16
+T=120 step ncu_prefill_source ncu -i /tmp/ncu_prefill_1024.ncu-rep --page source --csv \
+  --print-source sass
+# Decode attention at serving's shape (0.6B, 64 rows of 256 keys): 55.7 us a layer, 46% of the
+# b64 step, for 33.5 MB of KV (0.6 TB/s). The split and ring kernels timed, then Nsight's
+# durations of the ring kernel and its combine, to see which half is slow
+step attn_b64 python3 tools/device_bench_attention.py --variant vtllm/kernels/cuda/attention_ring.py \
+  --cases 0.6B:64:256,0.6B:64:1024,8B:32:1024 --kv bfloat16
+T=300 step ncu_ring ncu --kernel-name-base demangled --kernel-name "regex:attention_ring|_combine" \
+  --launch-count 6 --section SpeedOfLight --section LaunchStats --section Occupancy \
+  --section WarpStateStats python3 tools/device_bench_attention.py \
+  --variant vtllm/kernels/cuda/attention_ring.py --cases 0.6B:64:256 --kv bfloat16

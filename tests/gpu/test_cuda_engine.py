@@ -45,6 +45,8 @@ def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str 
     )
     _, scheduler, backend, _ = build_parts(config, loaded)
     try:
+        # the rows that take the decode kernels: max_num_seqs unless split_rows says more
+        assert backend.runner.model.attn_scratch[0].shape[0] == (split_rows or 16)
         loop = StepLoop(scheduler, backend, loaded.tokenizer, async_depth=depth)
         results = anyio.run(_serve, loop, work)
         scheduler.check_invariants()

@@ -30,16 +30,17 @@ Tiles are launched heaviest first (the last tokens of a prompt see the most keys
 long blocks do not start in the last wave. The working set (K, V, queries, scores: ~77 KB)
 is dynamic shared memory: two blocks of 8 warps share an SM.
 
-On the H200 (tools/device_bench_attention.py --prefill): 1.5x the previous kernel (one
-16-row tile a block, q . k one key a thread) at 1,024 tokens and 1.8x at 4,096, about even
-at 128; the softmax folded into the score phase took another 1.15-1.20x (bf16 cache, 0.6B and
-8B shapes, 128-2,048 tokens: 0.6B 1,024 503 -> 427 us), same bits. Still ~20x slower than
-torch's bf16 SDPA. Nsight (0.6B, 1,024 tokens, bf16): one wave of 256 blocks whose work grows
-with the tile (the last tokens see the most keys), so the SMs are busy 54% of the kernel's
-time; the busy ones issue every 1.7 cycles (3.6 warps a scheduler, two blocks an SM by
-registers and shared memory), short-scoreboard (shared memory) a third of the stalls. The
-critical path is the heaviest tile's splits one after another; splitting its keys over blocks
-needs their states folded in order (attention_split._fold), i.e. the decode path's scratch.
+On the H200 (tools/device_bench_attention.py --prefill): 1.5x the previous kernel (one 16-row
+tile a block, q . k one key a thread) at 1,024 tokens and 1.8x at 4,096, about even at 128; the
+softmax folded into the score phase took another 1.15-1.21x (bf16 cache, 0.6B and 8B shapes,
+128-2,048 tokens: 0.6B 1,024 503 -> 427 us), same bits. Still 20-25x slower than torch's bf16
+SDPA at 1,024-2,048 tokens (7x at 128). Nsight (0.6B, 1,024 tokens, bf16): one wave of 256
+blocks whose work grows with the tile (the last tokens see the most keys), so the SMs are busy
+54% of the kernel's time; the busy ones issue every 1.7 cycles (3.6 warps a scheduler, two
+blocks an SM by registers and shared memory), short-scoreboard (shared memory) a third of the
+stalls. The critical path is the heaviest tile's splits one after another; splitting its keys
+over blocks needs their states folded in order (attention_split._fold), i.e. the decode path's
+scratch.
 """
 
 import math

@@ -2,40 +2,31 @@
 # tools/device_steps.sh: `bash tools/device_steps.sh start tools/device_plan.sh`.
 M=/tmp/vtllm-bench-gpu/qwen3-0.6b
 [ -d $M ] || python3 -m vtllm synth --shape qwen3-0.6b --out $M > /tmp/res/synth.txt 2>&1
-# the GPU gates, with the new one on VT_CUDA_SPLIT_ATTENTION_ROWS (same tokens either way)
+# A mixed c64 step (56 decodes + a 128-token prompt: 184 rows) runs its linears in linear_rows,
+# 3-4x torch's time there (0.6B gate_up 30.9 us against 7.7 on the H100): each block holds
+# ROWS = 2 row tiles of W and reads all of x for them. More row tiles a block, fewer reads of x
+# (same bits: the order of the sums does not depend on ROWS), against ROWS 2 at the same rows
+for v in "4 2" "4 3" "4 4"; do
+  set -- $v
+  sed -e "s/^ROWS = 2 /ROWS = $1 /" -e "s/^STAGES = 4 /STAGES = $2 /" \
+    vtllm/kernels/cuda/linear_rows.py > /tmp/rows_r$1s$2.py
+done
+V=/tmp/rows_r4s2.py,/tmp/rows_r4s3.py,/tmp/rows_r4s4.py
+step rows_06 python3 tools/device_bench_linear.py --x-bf16 --rows --rows-variant $V \
+  --shapes "0.6B qkv,0.6B o,0.6B gate_up,0.6B down" --ms 64,128,184,256 --prefill ""
+step rows_8b python3 tools/device_bench_linear.py --x-bf16 --rows --rows-variant $V \
+  --shapes "8B qkv,8B gate_up,8B down" --ms 16,32,64 --prefill ""
+# HTTP c64, vtllm alone, the decode kernels' rows at max-num-seqs (64) and at the new default
+# (256 as the scratch cap allows), alternated twice for the run-to-run spread
+H="env PY=python3 MODEL=$M SKIP_PEER=1 THREADS=16 CONCURRENCY=64"
+for r in a b; do
+  T=600 step http_64_$r $H VT_ARGS="--device cuda --cuda-split-attention-rows 64" \
+    OUT=/tmp/res/http_64_$r bash loadtest/peers/compare_servers.sh
+  T=600 step http_auto_$r $H VT_ARGS="--device cuda" OUT=/tmp/res/http_auto_$r \
+    bash loadtest/peers/compare_servers.sh
+done
+for d in http_64_a http_auto_a http_64_b http_auto_b; do
+  step ${d}_table python3 loadtest/peers/compare_table.py /tmp/res/$d --runs vtllm
+done
+# the GPU gates with the new default
 T=600 step gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
-# A mixed step's prompt rows through the decode kernels (256 split rows) rather than the prefill
-# kernel, whose 128-token prompt is 32 blocks walking 1-4 splits each (~50 us a layer on the
-# H200, after the ~50 us of the 56 decode rows); and whether a long prefill's leading 256 rows
-# cost more that way. Then HTTP c64 both ways.
-step mixed_0 python3 tools/device_profile_decode.py $M --batch 56 --context 256 --mixed 128
-step mixed_256 python3 tools/device_profile_decode.py $M --batch 56 --context 256 --mixed 128 --split-rows 256
-step prof_2048_0 python3 tools/device_profile_decode.py $M --prefill 2048 --seqs 1
-step prof_2048_256 python3 tools/device_profile_decode.py $M --prefill 2048 --seqs 1 --split-rows 256
-H="env PY=python3 MODEL=$M SKIP_PEER=1 THREADS=16 CONCURRENCY=64"  # vtllm alone
-T=600 step http_0 $H VT_ARGS="--device cuda" OUT=/tmp/res/http_0 bash loadtest/peers/compare_servers.sh
-T=600 step http_256 $H VT_ARGS="--device cuda --cuda-split-attention-rows 256" \
-  OUT=/tmp/res/http_256 bash loadtest/peers/compare_servers.sh
-step http_0_table python3 loadtest/peers/compare_table.py /tmp/res/http_0 --runs vtllm
-step http_256_table python3 loadtest/peers/compare_table.py /tmp/res/http_256 --runs vtllm
-# HF at c64 beside the faster of the two (its rate moved 477 -> 625 -> 1,247 tok/s run to run)
-T=900 step http_hf env PY=python3 MODEL=$M VT_ARGS="--device cuda" HF_MODEL=$M \
-  HF_ARGS="--device cuda --dtype bfloat16" SKIP_PEER=1 THREADS=16 CONCURRENCY=64 \
-  OUT=/tmp/res/http bash loadtest/peers/compare_servers.sh
-step http_table python3 loadtest/peers/compare_table.py /tmp/res/http --runs vtllm hf
-# Where the prefill kernel's warps stall, by SASS instruction (Nsight's source page; the SMs
-# were busy 54% of its time, issuing every 1.7 cycles then); the report stays out of res.tgz
-T=300 step ncu_prefill_full ncu --kernel-name regex:_prefill_kernel --launch-count 1 --set full \
-  -o /tmp/ncu_prefill_1024 python3 tools/device_bench_attention.py --prefill 1024 --shapes 0.6B \
-  --kv bfloat16
-T=120 step ncu_prefill_source ncu -i /tmp/ncu_prefill_1024.ncu-rep --page source --csv \
-  --print-source sass
-# Decode attention at serving's shape (0.6B, 64 rows of 256 keys): 55.7 us a layer, 46% of the
-# b64 step, for 33.5 MB of KV (0.6 TB/s). The split and ring kernels timed, then Nsight's
-# durations of the ring kernel and its combine, to see which half is slow
-step attn_b64 python3 tools/device_bench_attention.py --variant vtllm/kernels/cuda/attention_ring.py \
-  --cases 0.6B:64:256,0.6B:64:1024,8B:32:1024 --kv bfloat16
-T=300 step ncu_ring ncu --kernel-name-base demangled --kernel-name "regex:attention_ring|_combine" \
-  --launch-count 6 --section SpeedOfLight --section LaunchStats --section Occupancy \
-  --section WarpStateStats python3 tools/device_bench_attention.py \
-  --variant vtllm/kernels/cuda/attention_ring.py --cases 0.6B:64:256 --kv bfloat16

@@ -132,7 +132,8 @@ KNOBS = (
         0,
         "a step's leading rows whose attention splits keys over blocks (decode kernels; a "
         "float32 scratch of rows x heads x max-model-len / 32 x head-dim); a longer step's other "
-        "rows go to the prefill kernel (0: max-num-seqs)",
+        "rows go to the prefill kernel (0: up to 256 as a 512 MiB scratch allows; never "
+        "fewer than max-num-seqs)",
         0,
         1 << 16,
     ),

@@ -45,8 +45,9 @@ def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str 
     )
     _, scheduler, backend, _ = build_parts(config, loaded)
     try:
-        # the rows that take the decode kernels: max_num_seqs unless split_rows says more
-        assert backend.runner.model.attn_scratch[0].shape[0] == (split_rows or 16)
+        if device == "cuda":  # the rows that take the decode kernels: by default every
+            # row of these steps (max_num_batched_tokens), else split_rows
+            assert backend.runner.model.attn_scratch[0].shape[0] == (split_rows or 64)
         loop = StepLoop(scheduler, backend, loaded.tokenizer, async_depth=depth)
         results = anyio.run(_serve, loop, work)
         scheduler.check_invariants()
@@ -75,12 +76,12 @@ def test_depth2_equals_depth1_on_gpu(tiny, workload, gpu_sync, graphs, pdl):
 
 
 def test_split_attention_rows_leave_the_tokens_unchanged(tiny, workload, gpu_sync):
-    """Steps of up to 64 tokens with a 16-row scratch send rows past 16 to the prefill
-    kernel; with 64 scratch rows every row takes the decode kernels. Same bits either way, so
-    the same tokens (the same schedule: both synchronous)."""
+    """Steps of up to 64 tokens: by default every row takes the decode kernels; with a
+    16-row scratch (max_num_seqs) rows past 16 go to the prefill kernel. Same bits either way,
+    so the same tokens (the same schedule: both synchronous)."""
     sync, _ = gpu_sync
-    wide, _ = _run(tiny, workload, device="cuda", depth=1, graphs=False, split_rows=64)
-    _assert_same(workload, sync, wide)
+    narrow, _ = _run(tiny, workload, device="cuda", depth=1, graphs=False, split_rows=16)
+    _assert_same(workload, sync, narrow)
 
 
 def test_depth2_equals_depth1_with_bf16_kv(tiny, workload):

@@ -38,6 +38,7 @@ from vtllm.kernels import cpu as cpu_ops
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda._kv_cache import KV_DTYPES
 from vtllm.kernels.cuda._ptx import GRID_DEPENDENCY
+from vtllm.kernels.cuda.attention_split import SPLIT
 from vtllm.kernels.cuda.gather import gather_rows
 from vtllm.kernels.sampling_table import TABLE_LAYOUT, SamplingTable
 from vtllm.models.loader import LoadedModel
@@ -66,6 +67,26 @@ class PendingStep:
     prompt_logprobs: dict
 
 
+# A step's leading rows whose attention goes through the decode kernels, which spread each
+# row's keys over blocks, when VT_CUDA_SPLIT_ATTENTION_ROWS is 0: enough for a serving step's
+# prompt beside its decodes (Qwen3-0.6B, 56 decodes and a 128-token prompt on an H100: 6.45 ->
+# 5.39 ms a step with 256 rows against 57, the prompt's rows no longer queued in the prefill
+# kernel after the decodes; BENCHMARKS.md), as long as the scratch for their split states,
+# which grows with max_model_len, stays under SPLIT_SCRATCH_BYTES.
+SPLIT_ROWS = 256
+SPLIT_SCRATCH_BYTES = 512 << 20
+
+
+def attention_split_rows(config, max_num_seqs: int, max_tokens: int, max_positions: int,
+                         knob: int) -> int:  # fmt: skip
+    """The decode kernels' rows: every decode row (max_num_seqs) and, up to the step's size,
+    the knob's rows, or with knob 0 up to SPLIT_ROWS that fit in SPLIT_SCRATCH_BYTES."""
+    if knob == 0:
+        row_bytes = 4 * config.num_heads * -(-max_positions // SPLIT) * (config.head_dim + 2)
+        knob = min(SPLIT_ROWS, SPLIT_SCRATCH_BYTES // row_bytes)
+    return min(max_tokens, max(max_num_seqs, knob))
+
+
 class CudaModelRunner:
     def __init__(self, loaded: LoadedModel, *, block_size: int, max_num_seqs: int,
                  max_model_len: int, max_num_batched_tokens: int, kv_cache_memory: int,
@@ -90,9 +111,8 @@ class CudaModelRunner:
         self.max_tokens = max(max_num_batched_tokens, max_num_seqs)
         self.max_blocks = -(-(max_model_len + 1) // block_size)
         self.stream = s = cuda.stream()
-        # a step's leading rows (its decode tokens come first) whose attention spreads keys
-        # over blocks; the scratch that takes their split states grows with max_model_len
-        split_rows = min(self.max_tokens, max(max_num_seqs, split_attention_rows))
+        split_rows = attention_split_rows(c, max_num_seqs, self.max_tokens, max_model_len + 1,
+                                          split_attention_rows)  # fmt: skip
         self.model = CudaForward(c, loaded.weights, max_tokens=self.max_tokens,
                                  max_positions=max_model_len + 1,
                                  max_decode_rows=split_rows, stream=s,

@@ -21,7 +21,16 @@ from vtllm.kernels.cuda.linear_mma import (
     split_x,
     x_scratch_words,
 )
-from vtllm.kernels.cuda.linear_rows import MIN_BLOCKS, ROWS, linear_rows, rows_pay
+from vtllm.kernels.cuda.linear_rows import (
+    MIN_BLOCKS,
+    ROWS,
+    TOKENS,
+    WIDE_MIN_BLOCKS,
+    WIDE_ROWS,
+    linear_rows,
+    row_tiles_for,
+    rows_pay,
+)
 
 pytestmark = pytest.mark.cudasim
 
@@ -37,21 +46,23 @@ if not SIMULATOR:
 MS = [12] + ([] if SIMULATOR else [9, 32, 41, 64, 127])
 
 
-def both(x, w, bias):
+def both(x, w, bias, rows):
     m, k = x.shape
     scratch = dev(np.full(x_scratch_words(m, k) + 5, 0xFFFFFFFF, np.uint32))
     b = None if bias is None else dev(bias)
     xd = dev(x)
     ours, theirs = poisoned((m, w.n)), poisoned((m, w.n))
-    linear_rows(split_x(xd, scratch, x_bf16=w.x_bf16), w, ours, bias=b)
+    linear_rows(split_x(xd, scratch, x_bf16=w.x_bf16), w, ours, bias=b, rows=rows)
     linear_mma(xd, w, theirs, bias=b, x_scratch=scratch)
     return host(ours), host(theirs)
 
 
+@pytest.mark.parametrize("rows", [ROWS, WIDE_ROWS])
 @pytest.mark.parametrize("x_bf16", [False, True])
 @pytest.mark.parametrize("m", MS)
-def test_same_bits_as_linear_mma(rng, m, x_bf16):
-    """Either way of carrying x (W packed with or without x_bf16)."""
+def test_same_bits_as_linear_mma(rng, m, x_bf16, rows):
+    """Either way of carrying x (W packed with or without x_bf16), blocks of either number
+    of row tiles."""
     for i, (n, k) in enumerate(SHAPES):
         w_bits = random_weight(rng, QType.BF16, n, k)
         w = pack_bf16(dev(w_bits), x_bf16=x_bf16)
@@ -60,26 +71,26 @@ def test_same_bits_as_linear_mma(rng, m, x_bf16):
         x[m // 2, : k // 2] = 0.0  # zero products, signed zeros
         x[m // 2, k // 2 :] = -0.0
         bias = rng.standard_normal(n).astype(np.float32) if (i + m) % 2 else None
-        ours, theirs = both(x, w, bias)
+        ours, theirs = both(x, w, bias, rows)
         assert not np.isnan(ours).any(), f"unwritten outputs, shape {i}"
         np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
         check_close(ours, rounded_to_bf16(x) if x_bf16 else x, w_bits, bias)
 
 
-@pytest.mark.parametrize("x_bf16", [False, True])
-def test_swiglu_epilogue_gives_the_bits_of_the_separate_activation(rng, x_bf16):
+@pytest.mark.parametrize(("x_bf16", "rows"), [(False, ROWS), (True, ROWS), (True, WIDE_ROWS)])
+def test_swiglu_epilogue_gives_the_bits_of_the_separate_activation(rng, x_bf16, rows):
     """A gate/up matrix with its rows interleaved in runs of 8 (a partial last block of row
     tiles): linear_rows(swiglu=True) writes the bits of its product followed by
     silu_and_mul(tile=8), bias included."""
-    n, k, m = 16 * (2 * ROWS + 1), 16 * (WARPS + 3), 12
+    n, k, m = 16 * (2 * WIDE_ROWS + 1), 16 * (WARPS + 3), 12
     w = pack_bf16(dev(tile_interleave(random_weight(rng, QType.BF16, n, k), 8)), x_bf16=x_bf16)
     x = dev((rng.standard_normal((m, k)) * 3).astype(np.float32))
     bias = dev(rng.standard_normal(n).astype(np.float32))
     xp = split_x(x, dev(np.zeros(x_scratch_words(m, k), np.uint32)), x_bf16=x_bf16)
     product, act, fused = poisoned((m, n)), poisoned((m, n // 2)), poisoned((m, n // 2))
-    linear_rows(xp, w, product, bias=bias)
+    linear_rows(xp, w, product, bias=bias, rows=rows)
     silu_and_mul(product, act, tile=8)
-    linear_rows(xp, w, fused, bias=bias, swiglu=True)
+    linear_rows(xp, w, fused, bias=bias, swiglu=True, rows=rows)
     assert not np.isnan(host(fused)).any(), "unwritten outputs"
     np.testing.assert_array_equal(host(fused).view(np.uint32), host(act).view(np.uint32))
 
@@ -115,6 +126,14 @@ def test_device_weight_takes_batched_steps_here(rng, monkeypatch):
     silu_and_mul(full, ref, tile=8)
     np.testing.assert_array_equal(host(act).view(np.uint32), host(ref).view(np.uint32))
     check_close(host(full), x, w_bits, None)
+
+
+def test_blocks_take_more_row_tiles_only_where_the_grid_stays_full():
+    """WIDE_ROWS where blocks of that many row tiles still number WIDE_MIN_BLOCKS."""
+    n = 16 * WIDE_ROWS * WIDE_MIN_BLOCKS  # one token block of WIDE_ROWS row tiles: just enough
+    assert row_tiles_for(TOKENS, n) == WIDE_ROWS
+    assert row_tiles_for(TOKENS, n - 16 * WIDE_ROWS) == ROWS
+    assert row_tiles_for(TOKENS + 1, n // 2) == WIDE_ROWS  # two token blocks
 
 
 def test_bad_inputs_are_refused(rng):

@@ -1,9 +1,13 @@
-"""out = x @ W.T (+ bias) for batched decode steps (9 to ~128 tokens): linear_mma's products and
-sums, bit for bit, with ROWS row tiles of W per block. Hot path: keep it lean.
+"""out = x @ W.T (+ bias) for batched decode steps and mixed steps (9 to a few hundred tokens,
+below gemm_mma's full grids): linear_mma's products and sums, bit for bit, with ROWS or
+WIDE_ROWS row tiles of W per block. Hot path: keep it lean.
 
 linear_mma gives a block one 16-row tile of W and 32 tokens, so every block re-reads all of
 x's fragments from L2: at 32 tokens that is 4x the bytes of W it streams. Here a block owns
 ROWS row tiles and reads each x fragment once for all of them: x is read ROWS times less often.
+Where the grid stays full with WIDE_ROWS row tiles a block (row_tiles_for), x is read half as
+often again: the larger steps, whose x reads outweigh W's (a serving step of 64 decodes and a
+128-token prompt: 0.6B gate_up 1.18x, qkv 1.23x on the H200).
 
 Bytes in flight: each warp streams its K tiles (ROWS tiles of W, then the x groups) into its
 own ring of STAGES stages in shared memory with cp.async, STAGES - 1 tiles ahead of the one
@@ -50,190 +54,207 @@ from vtllm.kernels.cuda.linear_mma import (
 GROUPS = TOKENS // 8  # token groups per block (32 tokens, as linear_mma)
 THREADS = 32 * WARPS
 ROWS = 2  # row tiles of W per block
+# ... or WIDE_ROWS, x read half as often, where that still gives WIDE_MIN_BLOCKS blocks
+# (row_tiles_for). H200, W packed for bf16 x: 0.6B gate_up 31.3 -> 26.6 us at 184 tokens,
+# 40.4 -> 30.9 at 256, qkv 21.9 -> 17.8 at 184, 8B gate_up 123.5 -> 94.8 at 64; at 64 blocks
+# or fewer it was slower (0.6B o at 64 tokens 11.0 -> 14.8, 8B down at 16 39.9 -> 54.3), at
+# 96 level or ahead (0.6B o and down at 184 tokens, 8B qkv at 16). BENCHMARKS.md.
+WIDE_ROWS = 4
+WIDE_MIN_BLOCKS = 1 if SIMULATOR else 96
 STAGES = 4  # K tiles a warp's ring holds: STAGES - 1 in flight during one's mmas
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}  # two blocks an SM
 # Blocks a step needs to run here (132 SMs on the H200, two blocks each fill them about
 # once); a step with fewer would leave SMs idle and stays in linear_mma (rows_pay).
 MIN_BLOCKS = 1 if SIMULATOR else 128
-# register arrays (numba needs their sizes as plain constants): a K tile's W fragments, and
-# the accumulators of ROWS x GROUPS mma outputs
-A_FRAGS, ACC = 4 * ROWS, 4 * ROWS * GROUPS
 SUMS = 16 * 32 // THREADS  # a row tile's running sums a thread holds
-ALL_SUMS = ROWS * SUMS
 _WAIT_OLDEST = copy_async_waiter(STAGES - 1)  # the oldest of STAGES copy groups has landed
 
 
-def _stage_words(x_bf16: bool) -> int:
-    """A ring stage: ROWS tiles of W, then GROUPS x tiles (_copy_tile's layout)."""
-    return ROWS * TILE_WORDS + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
+def _stage_words(x_bf16: bool, rows: int) -> int:
+    """A ring stage: `rows` tiles of W, then GROUPS x tiles (_copy_tile's layout)."""
+    return rows * TILE_WORDS + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
 
 
-def shared_bytes(x_bf16: bool) -> int:
+def shared_bytes(x_bf16: bool, rows: int = ROWS) -> int:
     """Dynamic shared memory a block: the warps' rings; the partials reuse them after."""
-    return 4 * max(WARPS * STAGES * _stage_words(x_bf16), WARPS * 16 * 32)
+    return 4 * max(WARPS * STAGES * _stage_words(x_bf16, rows), WARPS * 16 * 32)
 
 
-@cuda.jit(device=True)
-def _copy_tile(ring, at, packed, xp, nt0, last_tile, g0, groups, kt, last_x, lane, x_bf16):
-    """K tile kt's ROWS tiles of W from row tile nt0 and x groups g0 .. g0 + groups - 1
-    (x's tile min(kt, last_x): x has no padding, W's padded tiles are zeros) into the ring
-    stage at ring[at ..], each lane copying 16-byte chunks."""
-    col = kt * TILE_WORDS + 4 * lane
-    for i in range(ROWS):
-        copy_async16_to(ring, at + i * TILE_WORDS + 4 * lane, packed, imin(nt0 + i, last_tile), col)
-    xk = imin(kt, last_x)
-    at += ROWS * TILE_WORDS
-    if x_bf16:  # 16 chunks a 64-word tile: two groups' chunks a pass of the warp
-        for u in range(GROUPS // 2):
-            j, piece = 2 * u + lane // 16, lane % 16
-            if j < groups:
-                copy_async16_to(ring, at + j * X_BF16_TILE_WORDS + 4 * piece, xp, g0 + j,
-                                xk * X_BF16_TILE_WORDS + 4 * piece)  # fmt: skip
-    else:
+def row_tiles_for(m: int, n: int) -> int:
+    """Row tiles of W a block takes for a step of m tokens through W [n, K]."""
+    wide = -(-m // TOKENS) * -(-(n // 16) // WIDE_ROWS) >= WIDE_MIN_BLOCKS
+    return WIDE_ROWS if wide else ROWS
+
+
+def _kernels_for(rows: int) -> dict:
+    """The kernels for blocks of `rows` row tiles of W (a constant of their code), by (x_bf16,
+    swiglu)."""
+    # register arrays (numba needs their sizes as plain constants): a K tile's W fragments,
+    # and the accumulators of rows x GROUPS mma outputs; the block's running sums
+    a_frags, acc_size, all_sums = 4 * rows, 4 * rows * GROUPS, rows * SUMS
+
+    @cuda.jit(device=True)
+    def _copy_tile(ring, at, packed, xp, nt0, last_tile, g0, groups, kt, last_x, lane, x_bf16):
+        """K tile kt's `rows` tiles of W from row tile nt0 and x groups g0 .. g0 + groups - 1
+        (x's tile min(kt, last_x): x has no padding, W's padded tiles are zeros) into the ring
+        stage at ring[at ..], each lane copying 16-byte chunks."""
+        col = kt * TILE_WORDS + 4 * lane
+        for i in range(rows):
+            copy_async16_to(
+                ring, at + i * TILE_WORDS + 4 * lane, packed, imin(nt0 + i, last_tile), col
+            )
+        xk = imin(kt, last_x)
+        at += rows * TILE_WORDS
+        if x_bf16:  # 16 chunks a 64-word tile: two groups' chunks a pass of the warp
+            for u in range(GROUPS // 2):
+                j, piece = 2 * u + lane // 16, lane % 16
+                if j < groups:
+                    copy_async16_to(ring, at + j * X_BF16_TILE_WORDS + 4 * piece, xp, g0 + j,
+                                    xk * X_BF16_TILE_WORDS + 4 * piece)  # fmt: skip
+        else:
+            for j in range(GROUPS):
+                if j < groups:
+                    copy_async16_to(ring, at + j * TILE_WORDS + 4 * lane, xp, g0 + j,
+                                    xk * TILE_WORDS + 4 * lane)  # fmt: skip
+
+    @cuda.jit(device=True)
+    def _mmas(ring, at, lane, groups, acc, x_bf16):
+        """acc += this K tile's products from the ring stage at ring[at ..]."""
+        a = cuda.local.array(a_frags, uint32)
+        for i in range(rows):
+            a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3] = shared_u32x4(
+                ring, at + i * TILE_WORDS + 4 * lane
+            )
+        at += rows * TILE_WORDS
         for j in range(GROUPS):
-            if j < groups:
-                copy_async16_to(ring, at + j * TILE_WORDS + 4 * lane, xp, g0 + j,
-                                xk * TILE_WORDS + 4 * lane)  # fmt: skip
+            if j < groups:  # block-uniform
+                if x_bf16:
+                    h0, h1 = shared_u32x2(ring, at + j * X_BF16_TILE_WORDS + 2 * lane)
+                    l0, l1 = h0, h1  # unused
+                else:
+                    h0, h1, l0, l1 = shared_u32x4(ring, at + j * TILE_WORDS + 4 * lane)
+                for i in range(rows):
+                    a0, a1, a2, a3 = a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]
+                    c = 4 * (i * GROUPS + j)
+                    c0, c1, c2, c3 = mma_bf16(
+                        a0, a1, a2, a3, h0, h1, acc[c], acc[c + 1], acc[c + 2], acc[c + 3]
+                    )
+                    if not x_bf16:  # a constant of the kernel
+                        c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
+                    acc[c], acc[c + 1], acc[c + 2], acc[c + 3] = c0, c1, c2, c3
 
+    @cuda.jit(device=True)
+    def _slice_sum(ring, ring_at, stage_words, packed, xp, nt0, last_tile, g0, groups, v, slices,
+                   trips, last_x, lane, acc, x_bf16):  # fmt: skip
+        """acc = this warp's products over slice v of K (tiles v, v + slices, .., trips of them),
+        summed from +0 in order, the tiles streamed through the warp's ring."""
+        for e in range(acc_size):
+            acc[e] = np.float32(0.0)
+        for t in range(STAGES - 1):  # the first STAGES - 1 tiles in flight (trips >= UNROLL)
+            if t < trips:
+                _copy_tile(ring, ring_at + t * stage_words, packed, xp, nt0, last_tile, g0,
+                           groups, v + t * slices, last_x, lane, x_bf16)  # fmt: skip
+            copy_async_commit()
+        ahead = STAGES - 1  # the stage tile t + STAGES - 1 goes to: the one tile t - 1 used
+        here = 0  # the stage of tile t
+        for t in range(trips):
+            sync_warp()  # every lane is done with tile t - 1's stage before it is refilled
+            if t + STAGES - 1 < trips:
+                _copy_tile(ring, ring_at + ahead * stage_words, packed, xp, nt0, last_tile, g0,
+                           groups, v + (t + STAGES - 1) * slices, last_x, lane, x_bf16)  # fmt: skip
+            copy_async_commit()  # (an empty group past the end keeps the count)
+            _WAIT_OLDEST()  # tile t's copies, this lane's, have landed
+            sync_warp()  # and the other lanes' (x_bf16 lanes read chunks others copied)
+            _mmas(ring, ring_at + here * stage_words, lane, groups, acc, x_bf16)
+            ahead = ahead + 1 if ahead + 1 < STAGES else 0
+            here = here + 1 if here + 1 < STAGES else 0
 
-@cuda.jit(device=True)
-def _mmas(ring, at, lane, groups, acc, x_bf16):
-    """acc += this K tile's products from the ring stage at ring[at ..]."""
-    a = cuda.local.array(A_FRAGS, uint32)
-    for i in range(ROWS):
-        a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3] = shared_u32x4(
-            ring, at + i * TILE_WORDS + 4 * lane
-        )
-    at += ROWS * TILE_WORDS
-    for j in range(GROUPS):
-        if j < groups:  # block-uniform
-            if x_bf16:
-                h0, h1 = shared_u32x2(ring, at + j * X_BF16_TILE_WORDS + 2 * lane)
-                l0, l1 = h0, h1  # unused
-            else:
-                h0, h1, l0, l1 = shared_u32x4(ring, at + j * TILE_WORDS + 4 * lane)
-            for i in range(ROWS):
-                a0, a1, a2, a3 = a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]
-                c = 4 * (i * GROUPS + j)
-                c0, c1, c2, c3 = mma_bf16(
-                    a0, a1, a2, a3, h0, h1, acc[c], acc[c + 1], acc[c + 2], acc[c + 3]
-                )
-                if not x_bf16:  # a constant of the kernel
-                    c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
-                acc[c], acc[c + 1], acc[c + 2], acc[c + 3] = c0, c1, c2, c3
-
-
-@cuda.jit(device=True)
-def _slice_sum(ring, ring_at, stage_words, packed, xp, nt0, last_tile, g0, groups, v, slices,
-               trips, last_x, lane, acc, x_bf16):  # fmt: skip
-    """acc = this warp's products over slice v of K (tiles v, v + slices, .., trips of them),
-    summed from +0 in order, the tiles streamed through the warp's ring."""
-    for e in range(ACC):
-        acc[e] = np.float32(0.0)
-    for t in range(STAGES - 1):  # the first STAGES - 1 tiles in flight (trips >= UNROLL)
-        if t < trips:
-            _copy_tile(ring, ring_at + t * stage_words, packed, xp, nt0, last_tile, g0,
-                       groups, v + t * slices, last_x, lane, x_bf16)  # fmt: skip
-        copy_async_commit()
-    ahead = STAGES - 1  # the stage tile t + STAGES - 1 goes to: the one tile t - 1 used
-    here = 0  # the stage of tile t
-    for t in range(trips):
-        sync_warp()  # every lane is done with tile t - 1's stage before it is refilled
-        if t + STAGES - 1 < trips:
-            _copy_tile(ring, ring_at + ahead * stage_words, packed, xp, nt0, last_tile, g0,
-                       groups, v + (t + STAGES - 1) * slices, last_x, lane, x_bf16)  # fmt: skip
-        copy_async_commit()  # (an empty group past the end keeps the count)
-        _WAIT_OLDEST()  # tile t's copies, this lane's, have landed
-        sync_warp()  # and the other lanes' (x_bf16 lanes read chunks others copied)
-        _mmas(ring, ring_at + here * stage_words, lane, groups, acc, x_bf16)
-        ahead = ahead + 1 if ahead + 1 < STAGES else 0
-        here = here + 1 if here + 1 < STAGES else 0
-
-
-@cuda.jit(device=True)
-def _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums,
-                stage_words, x_bf16, swiglu):  # fmt: skip
-    M, N = out.shape
-    if swiglu:
-        N *= 2
-    tid = cuda.threadIdx.x
-    lane, warp = tid % 32, tid // 32
-    tok0 = cuda.blockIdx.x * TOKENS
-    g0 = tok0 // 8
-    groups = imin((M - tok0 + 7) // 8, GROUPS)
-    nt0 = cuda.blockIdx.y * ROWS
-    last_tile = N // 16 - 1
-    last_x = xp.shape[1] // (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS) - 1
-    # every slice has the same number of K tiles: packed K is a multiple of slices x UNROLL
-    trips = packed.shape[1] // TILE_WORDS // slices
-    ring_at = warp * STAGES * stage_words
-    # A pass: warp w sums slice pass x WARPS + w; the block then adds the pass's partials to
-    # the running sums in slice order (one row tile at a time, through the rings' memory):
-    # the additions of linear_mma's block, one after another in slice order.
-    for p in range(slices // WARPS):
-        _slice_sum(ring, ring_at, stage_words, packed, xp, nt0, last_tile, g0, groups,
-                   p * WARPS + warp, slices, trips, last_x, lane, acc, x_bf16)  # fmt: skip
-        cuda.syncthreads()  # every warp is done with its ring: the partials reuse the memory
-        for i in range(ROWS):
-            for q in range(16):
-                partial[(warp * 16 + q) * 32 + lane] = acc[4 * i * GROUPS + q]
-            cuda.syncthreads()
-            for u in range(SUMS):
-                e = tid + u * THREADS  # accumulator e // 32 of lane e % 32
-                s = partial[e] if p == 0 else sums[i * SUMS + u] + partial[e]
-                for w in range(1, WARPS):
-                    s += partial[w * 16 * 32 + e]
-                sums[i * SUMS + u] = s
-            cuda.syncthreads()
-
-    for i in range(ROWS):
-        if swiglu:  # a gate row's up row is 8 rows on: accumulator q + 2 of the same lane
-            for u in range(SUMS):
-                partial[tid + u * THREADS] = sums[i * SUMS + u]
-            cuda.syncthreads()
-        for u in range(SUMS):
-            e = tid + u * THREADS
-            q, src = e // 32, e % 32  # accumulator q of lane src: group q // 4, register q % 4
-            tok = tok0 + 8 * (q // 4) + 2 * (src % 4) + (q % 2)
-            row = 16 * (nt0 + i) + src // 4 + 8 * ((q % 4) // 2)
-            if tok < M and row < N:
-                s = sums[i * SUMS + u]
-                if has_bias:
-                    s += bias[row]
-                if not swiglu:
-                    out[tok, row] = s
-                elif q % 4 < 2:  # a gate row
-                    up = partial[e + 64]
-                    if has_bias:
-                        up += bias[row + 8]
-                    out[tok, 8 * (nt0 + i) + src // 4] = silu_mul(s, up)
+    @cuda.jit(device=True)
+    def _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums,
+                    stage_words, x_bf16, swiglu):  # fmt: skip
+        M, N = out.shape
         if swiglu:
-            cuda.syncthreads()
+            N *= 2
+        tid = cuda.threadIdx.x
+        lane, warp = tid % 32, tid // 32
+        tok0 = cuda.blockIdx.x * TOKENS
+        g0 = tok0 // 8
+        groups = imin((M - tok0 + 7) // 8, GROUPS)
+        nt0 = cuda.blockIdx.y * rows
+        last_tile = N // 16 - 1
+        last_x = xp.shape[1] // (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS) - 1
+        # every slice has the same number of K tiles: packed K is a multiple of slices x UNROLL
+        trips = packed.shape[1] // TILE_WORDS // slices
+        ring_at = warp * STAGES * stage_words
+        # A pass: warp w sums slice pass x WARPS + w; the block then adds the pass's partials to
+        # the running sums in slice order (one row tile at a time, through the rings' memory):
+        # the additions of linear_mma's block, one after another in slice order.
+        for p in range(slices // WARPS):
+            _slice_sum(ring, ring_at, stage_words, packed, xp, nt0, last_tile, g0, groups,
+                       p * WARPS + warp, slices, trips, last_x, lane, acc, x_bf16)  # fmt: skip
+            cuda.syncthreads()  # every warp is done with its ring: the partials reuse the memory
+            for i in range(rows):
+                for q in range(16):
+                    partial[(warp * 16 + q) * 32 + lane] = acc[4 * i * GROUPS + q]
+                cuda.syncthreads()
+                for u in range(SUMS):
+                    e = tid + u * THREADS  # accumulator e // 32 of lane e % 32
+                    s = partial[e] if p == 0 else sums[i * SUMS + u] + partial[e]
+                    for w in range(1, WARPS):
+                        s += partial[w * 16 * 32 + e]
+                    sums[i * SUMS + u] = s
+                cuda.syncthreads()
+
+        for i in range(rows):
+            if swiglu:  # a gate row's up row is 8 rows on: accumulator q + 2 of the same lane
+                for u in range(SUMS):
+                    partial[tid + u * THREADS] = sums[i * SUMS + u]
+                cuda.syncthreads()
+            for u in range(SUMS):
+                e = tid + u * THREADS
+                q, src = e // 32, e % 32  # accumulator q of lane src: group q // 4, register q % 4
+                tok = tok0 + 8 * (q // 4) + 2 * (src % 4) + (q % 2)
+                row = 16 * (nt0 + i) + src // 4 + 8 * ((q % 4) // 2)
+                if tok < M and row < N:
+                    s = sums[i * SUMS + u]
+                    if has_bias:
+                        s += bias[row]
+                    if not swiglu:
+                        out[tok, row] = s
+                    elif q % 4 < 2:  # a gate row
+                        up = partial[e + 64]
+                        if has_bias:
+                            up += bias[row + 8]
+                        out[tok, 8 * (nt0 + i) + src // 4] = silu_mul(s, up)
+            if swiglu:
+                cuda.syncthreads()
+
+    def _rows_kernel(x_bf16, swiglu):
+        """The kernel for W packed with or without x_bf16 (a constant: the lo mma folds away),
+        with or without the SwiGLU epilogue."""
+        stage_words = _stage_words(x_bf16, rows)
+
+        @cuda.jit(cache=True, **_REGISTERS)
+        def kernel(xp, packed, bias, has_bias, out, slices):
+            grid_dependency_sync()
+            ring = cuda.shared.array(0, uint32)  # dynamic: the warps' rings, then the partials
+            partial = cuda.shared.array(0, float32)
+            acc = cuda.local.array(acc_size, float32)  # registers: constant indices once unrolled
+            sums = cuda.local.array(all_sums, float32)
+            _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums,
+                        stage_words, x_bf16, swiglu)  # fmt: skip
+
+        return kernel
+
+    return {
+        (x_bf16, swiglu): _rows_kernel(x_bf16, swiglu)
+        for x_bf16 in (False, True)
+        for swiglu in (False, True)
+    }
 
 
-def _rows_kernel(x_bf16, swiglu):
-    """The kernel for W packed with or without x_bf16 (a constant: the lo mma folds away),
-    with or without the SwiGLU epilogue."""
-    stage_words = _stage_words(x_bf16)
-
-    @cuda.jit(cache=True, **_REGISTERS)
-    def kernel(xp, packed, bias, has_bias, out, slices):
-        grid_dependency_sync()
-        ring = cuda.shared.array(0, uint32)  # dynamic: the warps' rings, then the partials
-        partial = cuda.shared.array(0, float32)
-        acc = cuda.local.array(ACC, float32)  # registers: constant indices once unrolled
-        sums = cuda.local.array(ALL_SUMS, float32)
-        _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums,
-                    stage_words, x_bf16, swiglu)  # fmt: skip
-
-    return kernel
-
-
-_KERNELS = {
-    (x_bf16, swiglu): _rows_kernel(x_bf16, swiglu)
-    for x_bf16 in (False, True)
-    for swiglu in (False, True)
-}
+# rows -> (x_bf16, swiglu) -> kernel; each compiles on its first launch
+_KERNELS = {rows: _kernels_for(rows) for rows in (ROWS, WIDE_ROWS)}
 
 
 def rows_pay(m: int, n: int) -> bool:
@@ -241,19 +262,21 @@ def rows_pay(m: int, n: int) -> bool:
     return -(-m // TOKENS) * -(-(n // 16) // ROWS) >= MIN_BLOCKS
 
 
-def linear_rows(xp, w: PackedBF16, out, *, bias=None, swiglu=False, stream=0) -> None:
+def linear_rows(xp, w: PackedBF16, out, *, bias=None, swiglu=False, rows=0, stream=0) -> None:
     """out[M, N] = x @ W.T (+ bias[N]) for x split by split_x into xp and W packed by
     pack_bf16: the same bits as linear_mma(x, w, out, bias=bias,
-    swiglu=swiglu) (swiglu: out [M, N / 2] gets silu(gate) * up, see linear_mma)."""
+    swiglu=swiglu) (swiglu: out [M, N / 2] gets silu(gate) * up, see linear_mma). rows: row
+    tiles a block, ROWS or WIDE_ROWS (0: row_tiles_for's choice); the same bits either way."""
     has_bias = bias is not None
     bias = check_split_step("linear_rows", xp, w, out, bias, swiglu=swiglu)
     m, n = out.shape[0], w.n
     if m == 0:
         return
-    grid = (-(-m // TOKENS), -(-(n // 16) // ROWS))
-    kernel = _KERNELS[w.x_bf16, swiglu]
+    rows = rows or row_tiles_for(m, n)
+    grid = (-(-m // TOKENS), -(-(n // 16) // rows))
+    kernel = _KERNELS[rows][w.x_bf16, swiglu]
     args = (xp, w.data, bias, has_bias, out, w.slices)
-    nbytes = shared_bytes(w.x_bf16)
+    nbytes = shared_bytes(w.x_bf16, rows)
     allow_dynamic_shared(kernel, args, nbytes)
     kernel[grid, THREADS, stream, nbytes](*args)
 

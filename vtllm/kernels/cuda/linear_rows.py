@@ -7,7 +7,7 @@ x's fragments from L2: at 32 tokens that is 4x the bytes of W it streams. Here a
 ROWS row tiles and reads each x fragment once for all of them: x is read ROWS times less often.
 Where the grid stays full with WIDE_ROWS row tiles a block (row_tiles_for), x is read half as
 often again: the larger steps, whose x reads outweigh W's (a serving step of 64 decodes and a
-128-token prompt: 0.6B gate_up 1.18x, qkv 1.23x on the H200).
+128-token prompt: 0.6B gate_up 1.17x, qkv 1.23x on the H200).
 
 Bytes in flight: each warp streams its K tiles (ROWS tiles of W, then the x groups) into its
 own ring of STAGES stages in shared memory with cp.async, STAGES - 1 tiles ahead of the one
@@ -55,7 +55,7 @@ GROUPS = TOKENS // 8  # token groups per block (32 tokens, as linear_mma)
 THREADS = 32 * WARPS
 ROWS = 2  # row tiles of W per block
 # ... or WIDE_ROWS, x read half as often, where that still gives WIDE_MIN_BLOCKS blocks
-# (row_tiles_for). H200, W packed for bf16 x: 0.6B gate_up 31.3 -> 26.6 us at 184 tokens,
+# (row_tiles_for). H200, W packed for bf16 x: 0.6B gate_up 31.3 -> 26.8 us at 184 tokens,
 # 40.4 -> 30.9 at 256, qkv 21.9 -> 17.8 at 184, 8B gate_up 123.5 -> 94.8 at 64; at 64 blocks
 # or fewer it was slower (0.6B o at 64 tokens 11.0 -> 14.8, 8B down at 16 39.9 -> 54.3), at
 # 96 level or ahead (0.6B o and down at 184 tokens, 8B qkv at 16). BENCHMARKS.md.

@@ -61,6 +61,8 @@ def main():
     p.add_argument("--seqs", type=int, default=1, help="prompts the prefill's tokens are split in")
     p.add_argument("--split-rows", type=int, default=0,
                    help="the runner's split_attention_rows (VT_CUDA_SPLIT_ATTENTION_ROWS)")
+    p.add_argument("--host-profile", type=int, default=0,
+                   help="cProfile N launch() calls and print where the host's time goes")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
                    help="KV cache and matmul inputs (bfloat16: the default on cuda)")  # fmt: skip
     args = p.parse_args()
@@ -108,6 +110,17 @@ def main():
     for _ in range(50):
         runner.execute(decode_plan())
     sync_step = (time.perf_counter() - t0) / 50
+    # as the engine runs it: the next step launched before the last one is read (depth 2)
+    t0 = time.perf_counter()
+    pending = runner.launch(decode_plan())
+    for _ in range(50):
+        following = runner.launch(decode_plan())
+        runner.finish(pending)
+        pending = following
+    runner.finish(pending)
+    depth2_step = (time.perf_counter() - t0) / 51
+    if args.host_profile:
+        host_profile(runner, decode_plan, args.host_profile)
     bucket = next(b for b in runner.buckets if b >= B + P)
     graph = runner.graphs[bucket]
     s = runner.stream
@@ -117,11 +130,27 @@ def main():
     print(f"decode step graph (GPU): {whole:8.1f} us")
     print(f"host launch() median:    {1e6 * statistics.median(host):8.1f} us")
     print(f"synchronous step:        {1e6 * sync_step:8.1f} us")
+    print(f"depth-2 step (wall):     {1e6 * depth2_step:8.1f} us")
 
     if P:
         return staged_op_rows(runner, bucket)
     views = runner._layout(bucket, bucket, bucket, bucket)[1]
     op_rows(runner, B, B, views)
+
+
+def host_profile(runner, make_plan, n):
+    """cProfile of n launch() calls, each after the last step finished: the host's own cost."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    for _ in range(n):
+        plan = make_plan()
+        prof.enable()
+        pending = runner.launch(plan)
+        prof.disable()
+        runner.finish(pending)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
 
 def profile_prefill(runner, plan):

@@ -25,6 +25,7 @@ from vtllm.errors import InvalidParameter
 from vtllm.executor.cuda_graphs import CudaGraph, free_device_memory
 from vtllm.executor.cuda_model import CudaForward, StepInputs
 from vtllm.executor.kv_cache import num_kv_blocks
+from vtllm.executor.staging import PromptStaging, StagedSamplingTable
 from vtllm.executor.step_layout import (
     extend_block_tables,
     flatten_chunks,
@@ -40,7 +41,7 @@ from vtllm.kernels.cuda._kv_cache import KV_DTYPES
 from vtllm.kernels.cuda._ptx import GRID_DEPENDENCY
 from vtllm.kernels.cuda.attention_split import SPLIT
 from vtllm.kernels.cuda.gather import gather_rows
-from vtllm.kernels.sampling_table import TABLE_LAYOUT, SamplingTable
+from vtllm.kernels.sampling_table import SamplingTable
 from vtllm.models.loader import LoadedModel
 from vtllm.scheduler.plan import SampledToken, StepPlan, StepResult, TokenLogprobs
 
@@ -127,8 +128,10 @@ class CudaModelRunner:
         self.block_tables = np.zeros((max_num_seqs, self.max_blocks), np.int32)
         self.num_slot_blocks = np.zeros(max_num_seqs, np.int32)
         self.sampling = SamplingTable.create(max_num_seqs)
-        self.sampling_dev = ops.device_table(self.sampling, stream=s)
+        self.sampling_staged = StagedSamplingTable(self.sampling, RING, s)
+        self.sampling_dev = self.sampling_staged.device
         self._sampling_dirty = False
+        self.prompt_staging = PromptStaging(RING, self.max_tokens)
         # staging: step metadata in, sampled ids out, both pinned so copies are asynchronous
         n, S = self.max_tokens, max_num_seqs
         meta_size = 4 * n + 2 * S + 1 + S * self.max_blocks + 3 * S + 16
@@ -183,11 +186,12 @@ class CudaModelRunner:
             self.num_slot_blocks[slot] = 0
             self.sampling.clear_slot(slot)
             self._sampling_dirty = True
+        prompts = []
         for seat in plan.seated:
             slot, n = seat.slot, len(seat.token_ids)
             ids = np.asarray(seat.token_ids, np.int32)
             self.prompt_ids_host[slot, :n] = ids
-            self.token_ids_dev[slot, :n].copy_to_device(ids, stream=s)
+            prompts.append((slot, ids))
             self.prompt_lens[slot] = seat.prompt_len
             self.num_prompt_logprobs[slot] = seat.sampling.prompt_logprobs or 0
             self.block_tables[slot, : len(seat.block_ids)] = seat.block_ids
@@ -195,9 +199,10 @@ class CudaModelRunner:
             seat_sampling(self.sampling, seat, self.config.eos_token_ids)
             self._sampling_dirty = True
         extend_block_tables(plan.chunks, self.block_tables, self.num_slot_blocks)
-        if self._sampling_dirty:
-            for name in TABLE_LAYOUT:  # pageable copies: staged at once, safe to edit after
-                getattr(self.sampling_dev, name).copy_to_device(getattr(self.sampling, name), s)
+        if prompts:  # pinned staging, one copy a prompt (executor/staging)
+            self.prompt_staging.send(self._ring, prompts, self.token_ids_dev, s)
+        if self._sampling_dirty:  # the whole table in one copy
+            self.sampling_staged.send(self._ring, s)
             self._sampling_dirty = False
 
     # -- metadata staging ---------------------------------------------------------------------

@@ -2,14 +2,16 @@
 
 A step that seats or frees requests used to send the sampling table as 16 copies and each
 seated prompt as one more, all from pageable memory. Each numba copy costs ~0.1 ms of Python
-on the host (a seating step's launch took ~3.3 ms against ~0.5 for a decode step, Qwen3-0.6B
-on an H100), and a copy from pageable memory may also wait for the stream: the driver stages
-it through its own pinned buffer and may synchronize first (CUDA's "API synchronization
-behavior"), which with depth 2 holds the host until the step in flight is done. Here the table
-is one device buffer, each field a view of it (what the sampler reads, at fixed addresses for
-the captured graphs), refreshed by one asynchronous copy a step; prompts go through a pinned
-buffer too. Each staging buffer belongs to one of the runner's ring slots and is written only
-once that slot's last step is done (CudaModelRunner.launch waits for its event first).
+on the host, and a copy from pageable memory may also wait for the stream (the driver stages
+it through its own pinned buffer and may synchronize first: CUDA's "API synchronization
+behavior"). A launch is on the serving path's critical path (the backend's worker thread
+queues the collect of step N behind the launch of N + 1), so a seating step's 3.3-4.0 ms
+launch took most of a 5 ms GPU step (Qwen3-0.6B, a c64 serving step on an H100). Here the
+table is one device buffer, each field a view of it (what the sampler reads, at fixed
+addresses for the captured graphs), refreshed by one asynchronous copy a step; prompts go
+through a pinned buffer too: that launch takes 0.84 ms (BENCHMARKS.md). Each staging buffer
+belongs to one of the runner's ring slots and is written only once that slot's last step is
+done (CudaModelRunner.launch waits for its event first).
 """
 
 import numpy as np

@@ -7,7 +7,9 @@ host. Run on the GPU machine from the repo root (after .device/bootstrap.sh):
 step under load). --prefill N profiles the prefill of N prompt tokens in --seqs prompts instead
 (its wall time with the step's graph and eagerly, the graph alone, each op over the step's
 tokens). Each GPU figure is a CUDA graph of 20 back-to-back launches replayed 5 times, median
-per launch, so Python launch overhead is not in it. Host figures time the runner's own calls."""
+per launch, so Python launch overhead is not in it. Host figures time the runner's own calls:
+launch() alone, a synchronous step, and a depth-2 step (the next step launched before the
+last is read, as the engine runs them); --host-profile N adds cProfile's table of N launches."""
 
 import argparse
 import statistics

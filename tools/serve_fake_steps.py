@@ -1,0 +1,34 @@
+"""`vtllm serve` on the CPU backend with each model step replaced by a sleep and made-up
+tokens: the host's serving path alone (scheduler, detokenizer, SSE, HTTP) at a GPU-like step
+rate, on any machine. From the repo root:
+    .venv/bin/python tools/serve_fake_steps.py 0.005 serve --port 8911 --max-num-seqs 64 \
+        --max-model-len 4096 --log-level warning &
+    .venv/bin/python loadtest/bench_serve.py --base-url http://127.0.0.1:8911 \
+        --endpoint completions --input-len 128 --output-len 64 --ignore-eos --temperature 0 \
+        --token-count usage --seed 1 --no-keepalive --num-prompts 256 --warmup 64 \
+        --max-concurrency 64
+The first argument is the step time in seconds; the rest are vtllm's. The CPU backend's launch
+is a hand-off to its worker thread, so the CUDA runner's own launch cost is not in it."""
+
+import sys
+import time
+
+from vtllm.executor import runner
+from vtllm.scheduler.plan import SampledToken, StepResult
+
+STEP_SECONDS = float(sys.argv.pop(1))
+
+
+def execute(self, plan):
+    self._apply(plan)  # the slot bookkeeping a real step does
+    time.sleep(STEP_SECONDS)
+    sampled = [SampledToken(c.slot, 1000 + (plan.step_id + c.slot) % 300, None)
+               for c in plan.chunks if c.sample]  # fmt: skip
+    return StepResult(plan.step_id, sampled)
+
+
+runner.ModelRunner.execute = execute
+
+from vtllm.__main__ import main  # noqa: E402  (after the patch, as the server imports it)
+
+sys.exit(main(sys.argv[1:]))

@@ -15,7 +15,11 @@ splits the step loop's busy time between the two snapshots (the time on its cloc
 vt:engine_seconds, less the time it had no request), per step: its own work (scheduling,
 delivering tokens), awaiting the launched steps' results (the device's time the host did not
 cover), and the rest: the event loop running other tasks (HTTP, SSE) while the step loop was
-ready to go on. A rest that dwarfs the wait means the device waited on the host.
+ready to go on. A rest that dwarfs the wait means the device waited on the host. Beside
+them, from the backend: the device's busy time a step (on a GPU, between events around each
+step's work), the backend thread's time enqueuing a step (its waits for the GIL included)
+and the event loop thread's CPU time a step: a device busy for less than the loop's step
+time waited on the host, and an event loop whose CPU time nears the step time is the limit.
 """
 
 import argparse
@@ -113,6 +117,12 @@ LOOP_COUNTERS = (
     "vt:engine_wait_seconds_total",
     "vt:engine_idle_seconds_total",
 )
+# exported by later servers; a snapshot without them shows "-" in their columns
+BACKEND_COUNTERS = (
+    "vt:engine_device_seconds_total",
+    "vt:engine_launch_seconds_total",
+    "vt:event_loop_cpu_seconds_total",
+)
 
 
 def read_snapshot(path: str) -> dict[str, float] | None:
@@ -125,7 +135,8 @@ def read_snapshot(path: str) -> dict[str, float] | None:
                 name, value = line.rsplit(" ", 1)
                 values[name.split("{")[0]] = float(value)
     found = all(k in values for k in LOOP_COUNTERS)
-    return {k: values[k] for k in LOOP_COUNTERS} if found else None
+    names = LOOP_COUNTERS + tuple(k for k in BACKEND_COUNTERS if k in values)
+    return {k: values[k] for k in names} if found else None
 
 
 def load_loop(out: str, runs: list[str]) -> dict[int, dict[str, dict[str, float]]]:
@@ -141,15 +152,18 @@ def load_loop(out: str, runs: list[str]) -> dict[int, dict[str, dict[str, float]
         before = read_snapshot(before_path) if os.path.exists(before_path) else None
         if after is None or before is None:
             continue
-        table.setdefault(int(m["c"]), {})[m["run"]] = {k: after[k] - before[k] for k in after}
+        table.setdefault(int(m["c"]), {})[m["run"]] = {
+            k: after[k] - before[k] for k in after if k in before
+        }
     return table
 
 
 def loop_rows(table: dict[int, dict[str, dict[str, float]]], runs: list[str]) -> list[str]:
     out = [
         "| C | server | steps | prompt + output tokens a step | loop work ms a step "
-        "| awaiting results ms a step | rest ms a step |",
-        "|---|---|---|---|---|---|---|",
+        "| awaiting results ms a step | rest ms a step | device busy ms a step "
+        "| launch ms a step | event loop CPU ms a step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in sorted(table):
         for run in runs:
@@ -161,10 +175,11 @@ def loop_rows(table: dict[int, dict[str, dict[str, float]]], runs: list[str]) ->
             host, wait = d["vt:engine_host_seconds_total"], d["vt:engine_wait_seconds_total"]
             busy = d["vt:engine_seconds_total"] - d["vt:engine_idle_seconds_total"]
             rest = busy - host - wait
+            backend = [f"{1e3 * d[k] / steps:.2f}" if k in d else "-" for k in BACKEND_COUNTERS]
             out.append(
                 f"| {c} | {run} | {steps:.0f} | {prompt / steps:.1f} + {output / steps:.1f} "
                 f"| {1e3 * host / steps:.2f} | {1e3 * wait / steps:.2f} "
-                f"| {1e3 * rest / steps:.2f} |"
+                f"| {1e3 * rest / steps:.2f} | {' | '.join(backend)} |"
             )
     return out
 

@@ -71,7 +71,7 @@ def test_missing_inputs_exit_2(tmp_path):
     assert r.returncode == 2 and "no <run>_c<C>.json" in r.stderr
 
 
-def snapshot(at, steps, prompt, output, host, wait, idle):
+def snapshot(at, steps, prompt, output, host, wait, idle, backend=None):
     names = {
         "vt:engine_seconds_total": at,
         "vt:num_steps_total": steps,
@@ -81,6 +81,10 @@ def snapshot(at, steps, prompt, output, host, wait, idle):
         "vt:engine_wait_seconds_total": wait,
         "vt:engine_idle_seconds_total": idle,
     }
+    if backend is not None:  # (device, launch, event loop CPU) seconds
+        names["vt:engine_device_seconds_total"] = backend[0]
+        names["vt:engine_launch_seconds_total"] = backend[1]
+        names["vt:event_loop_cpu_seconds_total"] = backend[2]
     lines = ["# HELP vt:num_steps engine steps launched"]
     lines += [f'{name}{{model_name="m"}} {value}' for name, value in names.items()]
     return "\n".join(lines) + "\n"
@@ -88,17 +92,27 @@ def snapshot(at, steps, prompt, output, host, wait, idle):
 
 def test_step_loop_table_from_metrics_snapshots(tmp_path):
     (tmp_path / "vtllm_c64.json").write_text(json.dumps(summary(1, 1, 1.0, 1.0)))
-    (tmp_path / "vtllm_c64.metrics.before").write_text(snapshot(100.0, 10, 0, 0, 1.0, 1.0, 5.0))
+    before = snapshot(100.0, 10, 0, 0, 1.0, 1.0, 5.0, backend=(0.5, 0.1, 2.0))
+    (tmp_path / "vtllm_c64.metrics.before").write_text(before)
     # 12 s on the loop's clock, 2 of them idle; 1,000 steps: 2 ms of loop work, 3 ms awaiting
-    # results, so 10 - 2 - 3 = 5 ms a step went to the event loop's other tasks
-    (tmp_path / "vtllm_c64.metrics").write_text(snapshot(112.0, 1010, 8192, 64000, 3.0, 4.0, 7.0))
-    (tmp_path / "llamacpp_c64.json").write_text(json.dumps(summary(1, 1, 1.0, 1.0)))
-    lines = run(tmp_path).stdout.splitlines()
-    assert lines[-3:] == [
+    # results, so 10 - 2 - 3 = 5 ms a step went to the event loop's other tasks; the device
+    # was busy 4 ms a step, the backend's thread enqueued for 1.5 ms, the event loop's thread
+    # ran 6 ms
+    after = snapshot(112.0, 1010, 8192, 64000, 3.0, 4.0, 7.0, backend=(4.5, 1.6, 8.0))
+    (tmp_path / "vtllm_c64.metrics").write_text(after)
+    # an older server's snapshots: no backend counters, so "-" in their columns
+    (tmp_path / "old_c64.metrics.before").write_text(snapshot(0.0, 0, 0, 0, 0.0, 0.0, 0.0))
+    (tmp_path / "old_c64.metrics").write_text(snapshot(1.0, 100, 0, 100, 0.1, 0.2, 0.0))
+    for run_name in ("old", "llamacpp"):
+        (tmp_path / f"{run_name}_c64.json").write_text(json.dumps(summary(1, 1, 1.0, 1.0)))
+    lines = run(tmp_path, "--runs", "vtllm", "old", "llamacpp").stdout.splitlines()
+    assert lines[-4:] == [
         "| C | server | steps | prompt + output tokens a step | loop work ms a step "
-        "| awaiting results ms a step | rest ms a step |",
-        "|---|---|---|---|---|---|---|",
-        "| 64 | vtllm | 1000 | 8.2 + 64.0 | 2.00 | 3.00 | 5.00 |",
+        "| awaiting results ms a step | rest ms a step | device busy ms a step "
+        "| launch ms a step | event loop CPU ms a step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        "| 64 | vtllm | 1000 | 8.2 + 64.0 | 2.00 | 3.00 | 5.00 | 4.00 | 1.50 | 6.00 |",
+        "| 64 | old | 100 | 0.0 + 1.0 | 1.00 | 2.00 | 7.00 | - | - | - |",
     ]
 
 

@@ -145,6 +145,11 @@ def test_metrics_count_tokens_and_latencies(server):
         for p in parts
     )
     assert 0 < spent <= after["vt:engine_seconds_total"] - before["vt:engine_seconds_total"]
+    # the backend's side: the CPU backend's steps are all device time, its launch only queues
+    device = after["vt:engine_device_seconds_total"] - before["vt:engine_device_seconds_total"]
+    assert 0 < device <= after["vt:engine_seconds_total"] - before["vt:engine_seconds_total"]
+    assert after["vt:engine_launch_seconds_total"] == 0
+    assert after["vt:event_loop_cpu_seconds_total"] > before["vt:event_loop_cpu_seconds_total"]
 
 
 def test_streamed_logprob_offsets_continue_across_chunks(server):

@@ -3,6 +3,10 @@
 The CPU backend's "device" is one worker thread: steps run in launch order, so step N+1's
 input gather sees the tokens step N's sampler wrote into the mirror. numba kernels release
 the GIL (nogil=True), so the event loop keeps running while a step computes.
+
+Both backends count where a step's time goes (read by /metrics): `device_seconds`, the
+device running steps, and `launch_seconds`, the backend's thread enqueuing them (zero on the
+CPU, whose launch only queues the plan; its whole step is the device's).
 """
 
 import time
@@ -27,6 +31,8 @@ class CpuBackend:
 
         self.runner = runner
         self.threads = threads
+        self.device_seconds = 0.0
+        self.launch_seconds = 0.0
         # numba's thread count is per calling thread, so the worker sets its own.
         self._worker = ThreadPoolExecutor(
             max_workers=1,
@@ -36,8 +42,15 @@ class CpuBackend:
         )
 
     def launch(self, plan: StepPlan) -> InFlightStep:
-        future = self._worker.submit(self.runner.execute, plan)
+        future = self._worker.submit(self._execute, plan)
         return InFlightStep(plan.step_id, future, time.perf_counter())
+
+    def _execute(self, plan: StepPlan) -> StepResult:
+        started = time.perf_counter()
+        try:
+            return self.runner.execute(plan)
+        finally:
+            self.device_seconds += time.perf_counter() - started
 
     def collect(self, step: InFlightStep) -> StepResult:
         return step.future.result()

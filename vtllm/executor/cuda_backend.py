@@ -25,6 +25,14 @@ class CudaBackend:
         """Runs fn(*args) on the worker thread (after the steps queued there) and waits."""
         return self._worker.submit(fn, *args).result()
 
+    @property
+    def device_seconds(self) -> float:
+        return self.runner.device_seconds
+
+    @property
+    def launch_seconds(self) -> float:
+        return self.runner.launch_seconds
+
     def launch(self, plan: StepPlan) -> InFlightStep:
         future = self._worker.submit(self.runner.launch, plan)
         return InFlightStep(plan.step_id, future, time.perf_counter())

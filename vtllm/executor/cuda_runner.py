@@ -16,6 +16,7 @@ overwriting the sampler's output before the copy, for no gain.
 """
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,6 +148,11 @@ class CudaModelRunner:
             for _ in range(RING)
         ]
         self.events = [cuda.event() for _ in range(RING)]
+        # each step's device work lies between its start event and its event: their elapsed
+        # times add up to device_seconds (the metadata copy before the start event is not
+        # counted); launch_seconds is the host's time in launch(), GIL waits included
+        self.start_events = [cuda.event() for _ in range(RING)]
+        self.device_seconds = self.launch_seconds = 0.0
         self._ring = 0
         self._views: dict = {}
         self.use_graphs = use_graphs
@@ -238,6 +244,13 @@ class CudaModelRunner:
 
     # -- one step -------------------------------------------------------------------------------
     def launch(self, plan: StepPlan) -> PendingStep:
+        started = time.perf_counter()
+        try:
+            return self._launch(plan)
+        finally:
+            self.launch_seconds += time.perf_counter() - started
+
+    def _launch(self, plan: StepPlan) -> PendingStep:
         ring = self._ring
         self.events[ring].synchronize()  # the staging slot's last user is done (normally a no-op)
         self._apply(plan)
@@ -253,10 +266,12 @@ class CudaModelRunner:
         if bucket:
             counts = graph_counts(bucket, self.max_num_seqs)
             views = self._stage(pad_step(fields, *counts[:2]), counts)
+            self.start_events[ring].record(self.stream)
             self._graph(bucket, views).replay()
         else:
             T, S, R = len(flat.positions), len(flat.slots), len(flat.logits_rows)
             views = self._stage(fields, (T, S, R, B))
+            self.start_events[ring].record(self.stream)
             logits = self.model.forward(self._inputs(views), self.token_ids_dev)
             prompt_lps = self._prompt_logprobs(plan, logits) if R > B else {}
             if B:
@@ -277,6 +292,8 @@ class CudaModelRunner:
     def finish(self, pending: PendingStep) -> StepResult:
         if pending.event is not None:
             pending.event.synchronize()
+            elapsed_ms = self.start_events[pending.ring].elapsed_time(pending.event)
+            self.device_seconds += elapsed_ms / 1e3
         tokens, lp = self.tokens_host[pending.ring], self.logprobs_host[pending.ring]
         sampled = []
         for i, c in enumerate(pending.chunks):

@@ -10,7 +10,7 @@ finished_reason (stop, length, abort, error); aborts are also counted by the pha
 """
 
 import asyncio
-from time import perf_counter
+from time import perf_counter, thread_time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -232,6 +232,22 @@ class _SchedulerCounters:
             "vt:engine_idle_seconds": (
                 "seconds the step loop had no request to step",
                 idle,
+            ),
+            # the backend's side: when the device's seconds fall short of the loop's, the
+            # device waited on the host (a launch's seconds include its waits for the GIL)
+            "vt:engine_device_seconds": (
+                "seconds the device spent running steps",
+                state.loop.backend.device_seconds,
+            ),
+            "vt:engine_launch_seconds": (
+                "seconds the backend's thread spent enqueuing steps on the device",
+                state.loop.backend.launch_seconds,
+            ),
+            # the scrape runs on the event loop's thread: its CPU time beside the loop's clock
+            # tells how near that thread (the step loop, HTTP, SSE) is to being the limit
+            "vt:event_loop_cpu_seconds": (
+                "CPU seconds of the event loop's thread",
+                thread_time(),
             ),
         }
         for name, (doc, value) in values.items():

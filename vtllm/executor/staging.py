@@ -9,7 +9,8 @@ queues the collect of step N behind the launch of N + 1), so a seating step's 3.
 launch took most of a 5 ms GPU step (Qwen3-0.6B, a c64 serving step on an H100). Here the
 table is one device buffer, each field a view of it (what the sampler reads, at fixed
 addresses for the captured graphs), refreshed by one asynchronous copy a step; prompts go
-through a pinned buffer too: that launch takes 0.84 ms (BENCHMARKS.md). Each staging buffer
+through a pinned buffer too: that launch takes 0.84-1.38 ms (BENCHMARKS.md; 2-4.6 ms a step
+in serving, waiting for the GIL the event loop holds). Each staging buffer
 belongs to one of the runner's ring slots and is written only once that slot's last step is
 done (CudaModelRunner.launch waits for its event first).
 """

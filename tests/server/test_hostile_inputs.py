@@ -118,6 +118,10 @@ CASES = [
     ("prompt-empty-inner", C, _c(prompt=[[]]), None, 400, "prompt"),
     ("prompt-3-deep", C, _c(prompt=[[[1]]]), None, 400, "prompt"),
     ("prompt-bools", C, _c(prompt=[True, False]), None, 400, "prompt"),
+    # a token-id list whose later items are not ids (the first one decides the list's kind)
+    ("prompt-id-then-bool", C, _c(prompt=[1, True]), None, 400, "prompt"),
+    ("prompt-id-then-float", C, _c(prompt=[1, 2.5]), None, 400, "prompt"),
+    ("prompt-ids-then-null", C, _c(prompt=[[1, 2], [3, None]]), None, 400, "prompt"),
     ("prompt-object", C, _c(prompt={"a": 1}), None, 400, "prompt"),
     # fan-out: prompts x n stays under a cap
     ("fan-out", C, _c(prompt=["a"] * 5, n=16, temperature=1.0), None, 400, "n"),

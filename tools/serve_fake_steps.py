@@ -8,7 +8,11 @@ rate, on any machine. From the repo root:
         --token-count usage --seed 1 --no-keepalive --num-prompts 256 --warmup 64 \
         --max-concurrency 64
 The first argument is the step time in seconds; the rest are vtllm's. The CPU backend's launch
-is a hand-off to its worker thread, so the CUDA runner's own launch cost is not in it."""
+is a hand-off to its worker thread, so the CUDA runner's own launch cost is not in it. To compare
+two trees, start each with PYTHONPATH=TREE: Python puts this script's folder, not the current
+one, on sys.path, so without it both would import the installed (editable) checkout's vtllm.
+/metrics' vt:event_loop_cpu_seconds over vt:generation_tokens between two scrapes is the event
+loop's CPU a token, steadier than throughput on a shared box."""
 
 import sys
 import time

@@ -6,7 +6,6 @@ where a real one would: in the collect of a step the loop has launched. Never on
 """
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 
 class InjectedFault(RuntimeError):
@@ -20,8 +19,6 @@ class FaultyBackend:
         self.hang = threading.Event()  # set: collects block until released
         self.block_loop = threading.Event()  # set: the next launch blocks the event loop
         self.released = threading.Event()
-        # the fault logic runs off the event loop: a hang blocks one of these threads
-        self._threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vtllm-faults")
 
     def launch(self, plan):
         if self.block_loop.is_set():  # a hang on the event-loop thread: no coroutine runs
@@ -29,12 +26,9 @@ class FaultyBackend:
         return self.backend.launch(plan)
 
     def collect(self, step):
-        return self._threads.submit(self._collect, step, self.backend.collect(step))
-
-    def _collect(self, step, future):
-        result = future.result()  # the step really ran; its result is lost
+        result = self.backend.collect(step)  # the step really ran; its result is lost
         if self.hang.is_set():
-            self.released.wait()  # runs in a thread of ours: the event loop keeps going
+            self.released.wait()  # runs in a worker thread: the event loop keeps going
         if self.raise_steps > 0:
             self.raise_steps -= 1
             raise InjectedFault(f"injected fault in step {step.step_id}")

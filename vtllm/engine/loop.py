@@ -5,7 +5,6 @@ updates while its reader lags (one pending slot, never an unbounded queue). Sche
 run only on the event-loop thread, so no locks. Hot path: keep it lean, put features in helpers.
 """
 
-import asyncio
 import itertools
 import logging
 from collections import deque
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 
 import anyio
+import anyio.to_thread
 
 from vtllm.engine.shadow_check import ShadowCheck
 from vtllm.engine.text import TextStream
@@ -203,12 +203,11 @@ class StepLoop:
                 if in_flight:
                     step = in_flight.popleft()
                     self._wait_since = perf_counter()
-                    # The backend's own future, awaited here: anyio.to_thread would first yield
-                    # (a checkpoint), queueing the collect behind every ready task, the SSE
-                    # sends of the tokens just delivered (~3 ms at 64 streams), and then need a
-                    # thread hop. A cancelled wait abandons the future: a hung step must not hold
-                    # up the shutdown after the watchdog declared the engine dead.
-                    result = await asyncio.wrap_future(backend.collect(step))
+                    # abandon_on_cancel: a hung step must not hold up the shutdown after the
+                    # watchdog declared the engine dead.
+                    result = await anyio.to_thread.run_sync(
+                        backend.collect, step, abandon_on_cancel=True
+                    )
                     self._wait_seconds += perf_counter() - self._wait_since
                     self._wait_since = None
                     if self.dead is not None:

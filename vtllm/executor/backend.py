@@ -1,5 +1,4 @@
-"""Backends run steps off the event loop: launch(plan) -> InFlightStep, collect(step) -> a
-concurrent Future of its StepResult (the step loop awaits it without a thread of its own).
+"""Backends run steps off the event loop: launch(plan) -> InFlightStep, collect(step) -> result.
 
 The CPU backend's "device" is one worker thread: steps run in launch order, so step N+1's
 input gather sees the tokens step N's sampler wrote into the mirror. numba kernels release
@@ -53,8 +52,8 @@ class CpuBackend:
         finally:
             self.device_seconds += time.perf_counter() - started
 
-    def collect(self, step: InFlightStep) -> Future:
-        return step.future
+    def collect(self, step: InFlightStep) -> StepResult:
+        return step.future.result()
 
     def replay(self, slot: int, start: int, known_ids: list[int]) -> Future:
         """Queue a shadow replay behind the steps in flight (see executor.shadow)."""

@@ -2,13 +2,12 @@
 
 Every CUDA call runs on one worker thread (numba binds its context per thread, and one thread
 keeps the stream's order obvious). `launch` returns as soon as the step is enqueued on the
-GPU; `collect` queues the wait for the step's event and the read of its tokens, behind the
-next step's launch, so with depth 2 the GPU is already running step N+1 while the host reads
-step N's tokens.
+GPU; `collect` waits for the step's event, queued behind the next step's launch, so with
+depth 2 the GPU is already running step N+1 while the host reads step N's tokens.
 """
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from vtllm.executor.backend import InFlightStep
 from vtllm.scheduler.plan import StepPlan, StepResult
@@ -38,11 +37,8 @@ class CudaBackend:
         future = self._worker.submit(self.runner.launch, plan)
         return InFlightStep(plan.step_id, future, time.perf_counter())
 
-    def collect(self, step: InFlightStep) -> Future:
-        return self._worker.submit(self._finish, step.future)
-
-    def _finish(self, launched: Future) -> StepResult:
-        return self.runner.finish(launched.result())  # the launch ran first on this thread
+    def collect(self, step: InFlightStep) -> StepResult:
+        return self.call(self.runner.finish, step.future.result())
 
     def replay(self, slot: int, start: int, known_ids: list[int]):
         raise NotImplementedError("shadow checks run on the CPU backend only")

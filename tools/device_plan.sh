@@ -2,8 +2,8 @@
 # tools/device_steps.sh: `bash tools/device_steps.sh start tools/device_plan.sh`.
 M=/tmp/vtllm-bench-gpu/qwen3-0.6b
 [ -d $M ] || python3 -m vtllm synth --shape qwen3-0.6b --out $M > /tmp/res/synth.txt 2>&1
-# the GPU gates at this commit (the engine tests passed with the step-loop and timing-counter
-# changes; the rest of tests/gpu, and serve's gc.freeze, have not run on a card since)
+# the GPU gates at this commit (the engine tests passed with the timing counters; the rest of
+# tests/gpu, and serve's gc.freeze, have not run on a card since)
 T=600 step gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
 # Decode attention at serving's shapes: Nsight found the ring kernel latency-bound at 3 blocks
 # an SM (160 registers and its rings' shared memory) and its 1,024 blocks 2.6 waves, the last

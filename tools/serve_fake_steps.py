@@ -12,8 +12,10 @@ is a hand-off to its worker thread, so the CUDA runner's own launch cost is not 
 two trees, start each with PYTHONPATH=TREE: Python puts this script's folder, not the current
 one, on sys.path, so without it both would import the installed (editable) checkout's vtllm.
 /metrics' vt:event_loop_cpu_seconds over vt:generation_tokens between two scrapes is the event
-loop's CPU a token, steadier than throughput on a shared box."""
+loop's CPU a token, steadier than throughput on a shared box. Each full garbage collection
+prints its length to stderr ("gc: full collection N ms"): the pauses every stream shares."""
 
+import gc
 import sys
 import time
 
@@ -32,6 +34,20 @@ def execute(self, plan):
 
 
 runner.ModelRunner.execute = execute
+_gc_started = [0.0]
+
+
+def _time_full_collections(phase, info):
+    if info["generation"] != 2:
+        return
+    if phase == "start":
+        _gc_started[0] = time.perf_counter()
+    else:
+        ms = 1e3 * (time.perf_counter() - _gc_started[0])
+        print(f"gc: full collection {ms:.1f} ms", file=sys.stderr, flush=True)
+
+
+gc.callbacks.append(_time_full_collections)
 
 from vtllm.__main__ import main  # noqa: E402  (after the patch, as the server imports it)
 

@@ -30,6 +30,8 @@ def test_defaults_and_flags_parse():
     assert s.shapes == ["qwen3-0.6b", "llama3-8b"]
     assert s.batches == [1, 8, 32, 64] and s.prompts == [128, 1024, 4096]
     assert s.peers == ["hf", "llamacpp"] and s.layers is None and s.json is None
+    assert s.knobs["cuda_pdl"] and not s.knobs["cuda_flash_prefill"]
+    assert _settings("--flash-prefill").knobs["cuda_flash_prefill"]
     s = _settings("--shapes", "llama3-8b", "--layers", "4", "--gguf", "/m.gguf", "--peers",
                   "none", "--batches", "1,32", "--json", "--work", "/w")  # fmt: skip
     assert s.ggufs == {"llama3-8b": "/m.gguf"} and s.peers == [] and s.batches == [1, 32]

@@ -17,7 +17,8 @@ type in use, without copies of the module.
     python3 tools/device_bench_attention.py --prefill 512,1024,4096 [--variant FILE ...]
 times the prefill path instead (one prompt of n tokens attending causally to itself, no
 scratch; --kv as above) against torch's causal scaled_dot_product_attention; a variant may be a copy of
-attention_split.py (its split_attention without scratch) or of attention_prefill.py.
+attention_split.py (its split_attention without scratch), of attention_prefill.py or of
+attention_flash.py (tensor cores; needs --kv bfloat16; its max err is rounding, not a bug).
 Each case launches its kernel once outside a graph before timing, so a profiler can take that
 launch: ncu --kernel-name regex:_prefill_kernel --launch-count 1 --section SpeedOfLight
 --section WarpStateStats python3 tools/device_bench_attention.py --prefill 1024 --shapes 8B"""
@@ -206,7 +207,9 @@ def bench_prefill(mods, lengths, shapes, kv):
                     kcs, vcs, meta, q, d = kv
                     i = turn[0] % len(kcs)
                     turn[0] += 1
-                    if hasattr(mod, "prefill_attention"):
+                    if hasattr(mod, "flash_prefill"):
+                        mod.flash_prefill(q, kcs[i], vcs[i], *meta, d**-0.5, out, stream=stream)
+                    elif hasattr(mod, "prefill_attention"):
                         mod.prefill_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, stream=stream)
                     else:
                         mod.split_attention(

@@ -137,6 +137,14 @@ KNOBS = (
         0,
         1 << 16,
     ),
+    Knob(
+        "cuda_flash_prefill",
+        "bool",
+        False,
+        "prompt rows past the decode kernels' attend on tensor cores (bf16 q and softmax "
+        "weights, bf16 KV cache): much faster long prompts, but those rows lose the decode "
+        "kernels' bits, so outputs then depend on batching and prompt chunking by rounding",
+    ),
     Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),
     Knob("port", "int", 8000, "port the HTTP server binds", 0, 65535),
     Knob("max_body_bytes", "bytes", 4 << 20, "largest request body", 1024, 1 << 30),
@@ -242,6 +250,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     cuda_graphs: bool = True
     cuda_pdl: bool = True
     cuda_split_attention_rows: int = 0
+    cuda_flash_prefill: bool = False
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 4 << 20

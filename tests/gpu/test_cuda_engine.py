@@ -23,17 +23,19 @@ def tiny(tmp_path_factory):
 
 
 def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "float32",
-         pdl: bool = True, matmul: str = "float32", split_rows: int = 0):  # fmt: skip
+         pdl: bool = True, matmul: str = "float32", split_rows: int = 0,
+         flash: bool = False):  # fmt: skip
     """kv: the KV cache dtype; the budget holds the same number of blocks at either width.
     pdl: the graphs' kernel edges programmatic (VT_CUDA_PDL). matmul: the matmul input dtype
     (float32 here, the cuda default being bfloat16, so the CPU comparisons hold to float32).
-    split_rows: VT_CUDA_SPLIT_ATTENTION_ROWS."""
+    split_rows: VT_CUDA_SPLIT_ATTENTION_ROWS. flash: VT_CUDA_FLASH_PREFILL."""
     half = kv == "bfloat16"
     config, _ = resolve(
         device=device,
         cuda_graphs=graphs,
         cuda_pdl=pdl,
         cuda_split_attention_rows=split_rows,
+        cuda_flash_prefill=flash,
         async_depth=depth,
         kv_cache_dtype=kv,
         matmul_input_dtype=matmul,
@@ -82,6 +84,22 @@ def test_split_attention_rows_leave_the_tokens_unchanged(tiny, workload, gpu_syn
     sync, _ = gpu_sync
     narrow, _ = _run(tiny, workload, device="cuda", depth=1, graphs=False, split_rows=16)
     _assert_same(workload, sync, narrow)
+
+
+def test_flash_prefill_in_graphs_gives_the_eager_tokens(tiny, workload, monkeypatch):
+    """Prompt rows past 16 attend on tensor cores (other bits than the decode kernels', so
+    not compared with the runs above); replayed in graphs, the same tokens as eager steps (the
+    same schedule: both synchronous)."""
+    from vtllm.kernels.cuda import attention_flash
+
+    launched, launch = [], attention_flash.flash_prefill
+    monkeypatch.setattr(attention_flash, "flash_prefill",
+                        lambda *a, **k: (launched.append(1), launch(*a, **k)))  # fmt: skip
+    kw = {"device": "cuda", "depth": 1, "kv": "bfloat16", "split_rows": 16, "flash": True}
+    eager, _ = _run(tiny, workload, graphs=False, **kw)
+    assert launched
+    replayed, _ = _run(tiny, workload, graphs=True, **kw)
+    _assert_same(workload, eager, replayed)
 
 
 def test_depth2_equals_depth1_with_bf16_kv(tiny, workload):

@@ -32,28 +32,40 @@ def _hf_logits(model, ids) -> np.ndarray:
     return out.logits[0].float().cpu().numpy()
 
 
-def _runner(loaded, kv_cache_dtype="float32", matmul_input_dtype="float32"):
+def _runner(loaded, kv_cache_dtype="float32", matmul_input_dtype="float32", flash=False):
+    """flash: prompt rows past the 4 that take the decode kernels attend on tensor cores."""
     from vtllm.executor.cuda_runner import CudaModelRunner
 
     return CudaModelRunner(loaded, block_size=16, max_num_seqs=4, max_model_len=512,
                            max_num_batched_tokens=512, kv_cache_memory=256 << 20,
                            kv_cache_fraction=0.0, use_graphs=False,
                            kv_cache_dtype=kv_cache_dtype,
-                           matmul_input_dtype=matmul_input_dtype)  # fmt: skip
+                           matmul_input_dtype=matmul_input_dtype,
+                           split_attention_rows=4 if flash else 0,
+                           cuda_flash_prefill=flash)  # fmt: skip
 
 
-@pytest.mark.parametrize(("kv", "matmul"), [("float32",) * 2, ("bfloat16", "float32"),
-                                            ("float32", "bfloat16")])  # fmt: skip
+@pytest.mark.parametrize(("kv", "matmul", "flash"), [
+    ("float32", "float32", False), ("bfloat16", "float32", False),
+    ("float32", "bfloat16", False), ("bfloat16", "bfloat16", True),
+])  # fmt: skip
 @pytest.mark.parametrize("shape", SHAPES)
-def test_teacher_forced_logits(tmp_path, shape, kv, matmul):
+def test_teacher_forced_logits(tmp_path, monkeypatch, shape, kv, matmul, flash):
     """Either KV cache dtype and either matmul input dtype: bf16 K/V (as HF's bf16 model keeps
     them) or activations rounded to bf16 before the tensor cores (as HF's bf16 model feeds
-    them) stay within the same bounds."""
+    them) stay within the same bounds; so does attention on tensor cores for prompt rows
+    (flash: bf16 q and softmax weights, as HF's bf16 model computes them)."""
+    from vtllm.kernels.cuda import attention_flash
+
+    launched, launch = [], attention_flash.flash_prefill
+    monkeypatch.setattr(attention_flash, "flash_prefill",
+                        lambda *a, **k: (launched.append(1), launch(*a, **k)))  # fmt: skip
     directory = write_checkpoint(tmp_path / shape, shape, seed=3, bf16=True)
     loaded = load_model(directory)
     ids = np.random.default_rng(2).integers(3, loaded.config.vocab_size, 96).tolist()
     # a prefill chunk, then steps of decode size (the norms folded into the linears), then more
-    ours = teacher_forced_logits(_runner(loaded, kv, matmul), ids, [40, 1, 7, 48])
+    ours = teacher_forced_logits(_runner(loaded, kv, matmul, flash), ids, [40, 1, 7, 48])
+    assert bool(launched) == flash
     ref32 = _hf_logits(_hf(directory, torch.float32), ids)
     ref16 = _hf_logits(_hf(directory, torch.bfloat16), ids)
     scale = np.abs(ref32).max(axis=1)
@@ -65,7 +77,7 @@ def test_teacher_forced_logits(tmp_path, shape, kv, matmul):
     n_clear = int(clear.sum())
     hf16 = (np.abs(ref16 - ref32).max(axis=1) / scale).max()
     print(
-        f"{shape}, {kv} KV, {matmul} matmul inputs: max relative error vs fp32 "
+        f"{shape}, {kv} KV, {matmul} matmul inputs, flash {flash}: max relative error vs fp32 "
         f"{rel.max():.2e} (HF bf16: {hf16:.2e}); argmax vs bf16 equal at "
         f"{agree[clear].sum()}/{n_clear} clear positions ({agree.mean():.0%} overall)"
     )

@@ -64,6 +64,13 @@ def add_arguments(parser) -> None:
         "configuration)",
     )
     parser.add_argument(
+        "--flash-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="our prompt rows attend on tensor cores (VT_CUDA_FLASH_PREFILL; off: the default "
+        "configuration)",
+    )
+    parser.add_argument(
         "--json",
         nargs="?",
         const="-",
@@ -106,6 +113,7 @@ class Settings:
             "kv_cache_dtype": args.kv_cache_dtype,
             "matmul_input_dtype": args.matmul_input_dtype,
             "cuda_pdl": args.pdl,
+            "cuda_flash_prefill": args.flash_prefill,
         }
         self.json = args.json
 
@@ -402,8 +410,10 @@ def run_bench_gpu(args) -> int:
                 print(f"note: {shape} {peer}: {figures['error']}")
     d = settings.knobs
     pdl = "on" if d["cuda_pdl"] else "off"
+    flash = "on" if d["cuda_flash_prefill"] else "off"
     print(f"{LEGEND} Our KV cache: {d['kv_cache_dtype']}; matmul inputs: "
-          f"{d['matmul_input_dtype']}; programmatic launch: {pdl}.")  # fmt: skip
+          f"{d['matmul_input_dtype']}; programmatic launch: {pdl}; "
+          f"flash prefill: {flash}.")  # fmt: skip
     print(format_table(report["rows"], settings.peers))
     return 0
 

@@ -143,6 +143,7 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             use_graphs=config.cuda_graphs,
             cuda_pdl=config.cuda_pdl,
             split_attention_rows=config.cuda_split_attention_rows,
+            cuda_flash_prefill=config.cuda_flash_prefill,
             kv_cache_dtype=resolved_dtype(config.kv_cache_dtype, "cuda"),
             matmul_input_dtype=resolved_dtype(config.matmul_input_dtype, "cuda"),
         )

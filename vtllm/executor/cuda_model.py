@@ -172,9 +172,10 @@ class StepInputs:
 class CudaForward:
     def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_tokens: int,
                  max_positions: int, max_decode_rows: int, stream,
-                 x_bf16: bool = False):  # fmt: skip
-        """x_bf16: see upload_weights."""
+                 x_bf16: bool = False, flash_prefill: bool = False):  # fmt: skip
+        """x_bf16: see upload_weights; flash_prefill: see attention.paged_attention."""
         self.config, self.stream = config, stream
+        self.flash_prefill = flash_prefill
         self.layers, top = upload_weights(weights, stream, x_bf16=x_bf16)
         self.embed, self.lm_head, self.final_norm = top["embed"], top["lm_head"], top["final_norm"]
         cos_sin = rope_table(config, weights, max_positions, ops)
@@ -253,7 +254,7 @@ class CudaForward:
                 qkv_rope(qkv, q, *kv, inputs.slot_mapping, inputs.positions, self.cos_sin, eps,
                          **norms, stream=s)  # fmt: skip
                 ops.paged_attention(q, *kv, *meta, self.scale, attn, scratch=self.attn_scratch,
-                                    stream=s)  # fmt: skip
+                                    flash=self.flash_prefill, stream=s)  # fmt: skip
             if fold:  # residual += o(attn), act = SwiGLU(gate_up(norm(residual))), += down(act)
                 linear_mma(attn.reshape(T, c.q_size), layer.o.data, residual, accumulate=True,
                            stream=s)  # fmt: skip

@@ -95,7 +95,7 @@ class CudaModelRunner:
                  kv_cache_fraction: float, use_graphs: bool,
                  kv_cache_dtype: str = "float32",
                  matmul_input_dtype: str = "float32", cuda_pdl: bool = True,
-                 split_attention_rows: int = 0):  # fmt: skip
+                 split_attention_rows: int = 0, cuda_flash_prefill: bool = False):  # fmt: skip
         if kv_cache_dtype not in KV_DTYPES:
             raise InvalidParameter(
                 f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}",
@@ -106,6 +106,12 @@ class CudaModelRunner:
                 f"matmul_input_dtype must be one of {list(MATMUL_INPUT_DTYPES)}, "
                 f"got {matmul_input_dtype!r}",
                 param="matmul_input_dtype",
+            )
+        if cuda_flash_prefill and kv_cache_dtype != "bfloat16":
+            raise InvalidParameter(
+                "cuda_flash_prefill needs kv_cache_dtype bfloat16 (its kernel reads bf16 keys "
+                f"and values), got {kv_cache_dtype!r}",
+                param="cuda_flash_prefill",
             )
         c = self.config = loaded.config
         self.block_size, self.max_model_len = block_size, max_model_len
@@ -118,7 +124,8 @@ class CudaModelRunner:
         self.model = CudaForward(c, loaded.weights, max_tokens=self.max_tokens,
                                  max_positions=max_model_len + 1,
                                  max_decode_rows=split_rows, stream=s,
-                                 x_bf16=matmul_input_dtype == "bfloat16")  # fmt: skip
+                                 x_bf16=matmul_input_dtype == "bfloat16",
+                                 flash_prefill=cuda_flash_prefill)  # fmt: skip
         # the mirror: [max_num_seqs, max_model_len + 1] int32 on the device
         self.token_ids_dev = cuda.to_device(np.zeros((max_num_seqs, max_model_len + 1), np.int32))
         self.num_tokens_dev = cuda.to_device(np.zeros(max_num_seqs, np.int32))

@@ -179,6 +179,21 @@ if SIMULATOR:
             r0, r1, r2, r3 = r0 + e[0], r1 + e[1], r2 + e[2], r3 + e[3]
         return r0, r1, r2, r3
 
+    def _quad(v):
+        tid, _ = _exchange(v)
+        q = tid - tid % 4
+        return _lanes[q], _lanes[q + 1], _lanes[q + 2], _lanes[q + 3]
+
+    @cuda.jit(device=True)
+    def quad_max(v):
+        a, b, c, d = _quad(v)
+        return max(max(a, b), max(c, d))
+
+    @cuda.jit(device=True)
+    def quad_sum(v):
+        a, b, c, d = _quad(v)
+        return np.float32(np.float32(a + b) + np.float32(c + d))
+
     @cuda.jit(device=True)
     def octet_max4(a, b, c, d):
         tid, _ = _exchange((a, b, c, d))
@@ -294,6 +309,19 @@ else:
         v += cuda.shfl_xor_sync(FULL_MASK, v, 2)
         v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
         return v
+
+    @cuda.jit(device=True)
+    def quad_max(v):
+        """The max over the four lanes 4 g .. 4 g + 3 of v, for each of them (every lane of
+        the warp calls it): an mma accumulator row's (_ptx.mma_bf16)."""
+        v = fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 1))
+        return fmax(v, cuda.shfl_xor_sync(FULL_MASK, v, 2))
+
+    @cuda.jit(device=True)
+    def quad_sum(v):
+        """The sum as quad_max, (v0 + v1) + (v2 + v3) in each lane."""
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
+        return v + cuda.shfl_xor_sync(FULL_MASK, v, 2)
 
     @cuda.jit(device=True)
     def lane_xor16(v):

@@ -13,6 +13,10 @@
   split_bf16x2(u, v): (hi, lo), two uint32 of bf16 pairs, u in the low halves: hi rounds u and
       v to bf16 (nearest even), lo rounds the remainders u - hi, v - hi, so u ~ hi + lo to
       about 2^-17 relative (`cvt.rn.bf16x2.f32` twice, two subtractions).
+  exp2_approx(x): 2^x in float32 (`ex2.approx.ftz.f32`: 2 ulp, subnormals to zero; 2^-inf = 0),
+      one MUFU instruction where libdevice's exp2f adds range checks around it.
+  pack_bf16x2(u, v): u and v rounded to bf16 (nearest even) in one uint32, u in the low half:
+      split_bf16x2's hi alone (one `cvt.rn.bf16x2.f32`).
   load_f32x2(a, row, col): a[row, col] and a[row, col + 1] in one 64-bit load; col even and
       the row start 8-byte aligned.
   item_at(a, i): the item at flat offset i of a C-contiguous array: no negative-index fix-up
@@ -87,6 +91,12 @@ if SIMULATOR:
         lu = _round_bf16(np.float32(u) - np.uint32(hu << 16).view(np.float32))
         lv = _round_bf16(np.float32(v) - np.uint32(hv << 16).view(np.float32))
         return hu | (hv << 16), lu | (lv << 16)
+
+    def exp2_approx(x):
+        return np.float32(np.exp2(np.float64(x)))
+
+    def pack_bf16x2(u, v):
+        return _round_bf16(u) | (_round_bf16(v) << 16)
 
     def _bf16(bits) -> float:
         return float(np.uint32((int(bits) & 0xFFFF) << 16).view(np.float32))
@@ -267,5 +277,28 @@ else:
                 " cvt.rn.bf16x2.f32 $1, hi_f, lo_f; }"
             )
             return _asm_tuple(context, builder, sig, text, "=&r,=r,f,f", _I32, [_F32] * 2, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def pack_bf16x2(typingctx, u, v):
+        sig = types.uint32(u, v)
+
+        def codegen(context, builder, sig, args):
+            vals = _cast_all(context, builder, args, sig.args, types.float32)
+            fnty = ir.FunctionType(_I32, [_F32] * 2)
+            asm = ir.InlineAsm(fnty, "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f")
+            return builder.call(asm, vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def exp2_approx(typingctx, x):
+        sig = types.float32(x)
+
+        def codegen(context, builder, sig, args):
+            val = context.cast(builder, args[0], sig.args[0], types.float32)
+            asm = ir.InlineAsm(ir.FunctionType(_F32, [_F32]), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+            return builder.call(asm, [val])
 
         return sig, codegen

@@ -10,15 +10,25 @@ integer instructions and registers per access).
       s[i .. i + 3] without passing through registers (`cp.async.cg.shared.global`, 16 bytes,
       cached in L2 only); both 16-byte aligned. Completion: _ptx's copy_async_commit and
       copy_async_waiter, then a barrier.
+  ldmatrix_x4(s, i) / ldmatrix_x4_trans(s, i): four 8 x 8 matrices of 16-bit items, one
+      register a matrix (`ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`). Every lane of the
+      warp calls it; lane l names, by its i (a word index, 16-byte aligned), the 8 items (16
+      bytes) of row l % 8 of matrix l // 8. Lane l = 4 g + t gets from each matrix row g, items
+      2t and 2t + 1; with .trans, column g, items 2t and 2t + 1: the B fragment of an mma
+      (_ptx.mma_bf16) from a matrix stored row-major by its k index. The lower item is in the
+      low half.
 
 Both are kept in program order against the other side-effecting PTX (barriers, waits), so a
 load never moves above the barrier that publishes what it reads. Under numba's simulator they
 are plain indexing (a copy lands at once).
 """
 
+import numpy as np
+
 from vtllm.kernels.cuda._device import SIMULATOR
 
 if SIMULATOR:
+    from vtllm.kernels.cuda._device import _exchange, _lanes
 
     def shared_u32x4(s, i):
         return s[i], s[i + 1], s[i + 2], s[i + 3]
@@ -29,6 +39,28 @@ if SIMULATOR:
     def copy_async16_to(s, i, a, row, col):
         for u in range(4):
             s[i + u] = a[row, col + u]
+
+    def _item16(s, row_at, col):
+        return (int(s[row_at + col // 2]) >> (16 * (col % 2))) & 0xFFFF
+
+    def _ldmatrix(s, i, trans):
+        tid, _ = _exchange(i)
+        base, g, t = tid - tid % 32, (tid % 32) // 4, tid % 4
+        regs = []
+        for m in range(4):
+            rows = _lanes[base + 8 * m : base + 8 * m + 8]
+            if trans:
+                lo, hi = _item16(s, rows[2 * t], g), _item16(s, rows[2 * t + 1], g)
+            else:
+                lo, hi = _item16(s, rows[g], 2 * t), _item16(s, rows[g], 2 * t + 1)
+            regs.append(np.uint32(lo | (hi << 16)))
+        return tuple(regs)
+
+    def ldmatrix_x4(s, i):
+        return _ldmatrix(s, i, False)
+
+    def ldmatrix_x4_trans(s, i):
+        return _ldmatrix(s, i, True)
 
 else:
     from llvmlite import ir
@@ -51,10 +83,10 @@ else:
         i = context.cast(builder, index_value, index_type, types.int64)
         return builder.trunc(builder.ptrtoint(builder.gep(shared, [i]), ir.IntType(64)), _I32)
 
-    def _shared_load(n: int):
-        """The codegen of an n-word vector load (`ld.shared.v<n>.u32`)."""
+    def _shared_load(n: int, instruction: str = ""):
+        """The codegen of an n-word vector load (`ld.shared.v<n>.u32`, or instruction)."""
         outs = ",".join(f"${k}" for k in range(n))
-        text = f"ld.shared.v{n}.u32 {{{outs}}}, [${n}];"
+        text = f"{instruction or f'ld.shared.v{n}.u32'} {{{outs}}}, [${n}];"
         constraints = "=r," * n + "r"
 
         def codegen(context, builder, sig, args):
@@ -73,6 +105,16 @@ else:
     @intrinsic
     def shared_u32x2(typingctx, s, i):
         return types.UniTuple(types.uint32, 2)(s, i), _shared_load(2)
+
+    _LDMATRIX = "ldmatrix.sync.aligned.m8n8.x4{}.shared.b16"
+
+    @intrinsic
+    def ldmatrix_x4(typingctx, s, i):
+        return types.UniTuple(types.uint32, 4)(s, i), _shared_load(4, _LDMATRIX.format(""))
+
+    @intrinsic
+    def ldmatrix_x4_trans(typingctx, s, i):
+        return types.UniTuple(types.uint32, 4)(s, i), _shared_load(4, _LDMATRIX.format(".trans"))
 
     @intrinsic
     def copy_async16_to(typingctx, s, i, a, row, col):

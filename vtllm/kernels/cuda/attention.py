@@ -181,7 +181,7 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, stream=0) -> None:
 
 def paged_attention(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, *, scratch=None,
-    split=True, stream=0,
+    split=True, flash=False, stream=0,
 ) -> None:  # fmt: skip
     """Causal attention of q [T, Hq, D] over the paged cache (float32, or bf16 bits as uint16:
     _kv_cache); out [T, Hq, D]. Device arrays.
@@ -195,7 +195,9 @@ def paged_attention(
     kernels of attention_split run it; `scratch` (attention_split.make_scratch) lets
     decode-sized batches spread each row over many blocks, with attention_ring's kernel from
     attention_ring.MIN_ROWS rows on (longer steps: its first rows, the prefill kernel the
-    rest). Either way a row's result is the same bits.
+    rest). Either way a row's result is the same bits, unless flash is set: then the rows
+    that would go to the prefill kernel go to attention_flash's where it `supports` the cache
+    and shape (tensor cores; other bits, see there).
     """
     check_attention("paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens,
                     query_start_loc)  # fmt: skip
@@ -208,7 +210,8 @@ def paged_attention(
     if split and attention_split.supports(hq, k_cache.shape[2], d):
         meta = (block_tables, seq_lens, query_start_loc)
         kernels = attention_ring if t >= attention_ring.MIN_ROWS else attention_split
-        kernels.split_attention(q, k_cache, v_cache, *meta, scale, out, scratch, stream=stream)
+        kernels.split_attention(q, k_cache, v_cache, *meta, scale, out, scratch, flash=flash,
+                                stream=stream)  # fmt: skip
         return
     threads = max(32, -(-d // 32) * 32)
     _paged_attention_kernel[(t, hq), threads, stream](

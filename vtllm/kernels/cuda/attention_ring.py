@@ -79,6 +79,7 @@ from vtllm.kernels.cuda.attention_split import (
     fuses_rope,
     make_scratch,
     no_rope_args,
+    prompt_attention,
     supports,
 )
 
@@ -480,28 +481,26 @@ def _launch(rope, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
 
 
 def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                    scratch, *, stream=0) -> None:  # fmt: skip
+                    scratch, *, flash=False, stream=0) -> None:  # fmt: skip
     """As attention_split.split_attention (the same arguments and bits)."""
     T, Hq, D = q.shape
     if _fits_scratch(scratch, T, Hq, D):
         _launch(False, q.reshape(T, Hq * D), k_cache, v_cache, block_tables, seq_lens,
                 query_start_loc, scale, out, scratch, no_rope_args(), stream)  # fmt: skip
         return
-    from vtllm.kernels.cuda.attention_prefill import prefill_attention
-
     # More rows than the scratch holds: a prefill, or decodes with prompts beside them. The
     # prefill kernel walks a tile's sequences one after the other, each through all its keys,
     # so a tile of one-token decode rows costs ~32 of its sequence's passes (Qwen3-0.6B, 56
     # decodes of ~260 keys and a 128-token prompt: 4.2 ms a layer on an H100, 57 us for 64
     # decodes alone). The scheduler puts running requests' decode tokens first: the scratch's
     # worth of leading rows go through this kernel, a block a row; the rest through the
-    # prefill kernel. Same bits either way.
+    # prefill kernel. Same bits either way (unless flash: attention_flash).
     head = scratch[0].shape[0] if _fits_scratch(scratch, 1, Hq, D) else 0
     if head:
         _launch(False, q[:head].reshape(head, Hq * D), k_cache, v_cache, block_tables, seq_lens,
                 query_start_loc, scale, out[:head], scratch, no_rope_args(), stream)  # fmt: skip
-    prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                      first_token=head, stream=stream)  # fmt: skip
+    prompt_attention(flash, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                     out, first_token=head, stream=stream)  # fmt: skip
 
 
 def rope_attention(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, block_tables,

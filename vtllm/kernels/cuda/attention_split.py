@@ -532,19 +532,33 @@ def _launch(kernel, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
 
 
 def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                    scratch, *, stream=0) -> None:  # fmt: skip
+                    scratch, *, flash=False, stream=0) -> None:  # fmt: skip
     """As attention.paged_attention (its launcher has checked the arguments); scratch is
     make_scratch's pair or None (then, and for steps of more rows than it holds, the prefill
-    kernel runs)."""
+    kernel runs, or attention_flash's with flash)."""
     T, Hq, D = q.shape
     if not _fits_scratch(scratch, T, Hq, D):
-        from vtllm.kernels.cuda.attention_prefill import prefill_attention
-
-        prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                          out, stream=stream)  # fmt: skip
+        prompt_attention(flash, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                         scale, out, stream=stream)  # fmt: skip
         return
     _launch(_split_kernel, q.reshape(T, Hq * D), k_cache, v_cache, block_tables, seq_lens,
             query_start_loc, scale, out, scratch, no_rope_args(), stream)  # fmt: skip
+
+
+def prompt_attention(flash, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                     out, *, first_token=0, stream=0) -> None:  # fmt: skip
+    """Rows first_token on of a step too long for the scratch: attention_flash's kernel with
+    flash where it takes the cache and shape, else the prefill kernel (the decode bits)."""
+    from vtllm.kernels.cuda import attention_flash
+    from vtllm.kernels.cuda.attention_prefill import prefill_attention
+
+    Hq, D = q.shape[1], q.shape[2]
+    if flash and attention_flash.supports(k_cache, Hq, k_cache.shape[2], D):
+        run = attention_flash.flash_prefill
+    else:
+        run = prefill_attention
+    run(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
+        first_token=first_token, stream=stream)  # fmt: skip
 
 
 def no_rope_args() -> tuple:

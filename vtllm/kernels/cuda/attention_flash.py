@@ -82,13 +82,21 @@ def _kernel(D: int):
     STAGE = 2 * KV_WORDS
     NT = KEYS // 8  # 8-key n tiles of S
 
+    LOAD_STEP = THREADS // PIECES  # keys one pass of the block copies
+    LOAD_PASSES = -(-KEYS // LOAD_STEP)
+    PARTIAL_PASS = KEYS % LOAD_STEP != 0  # only where the simulator's small tiles need it
+
     @cuda.jit(device=True)
-    def load_tile(smem, at, k_words, v_words, block_tables, s, hk, Hk, bs, shift, lo, n_keys, tid):
+    def load_tile(smem, at, k_words, v_words, block_tables, s, hk, Hk, bs, shift, lo, n_keys,
+                  key0, piece):  # fmt: skip
         """Keys lo .. lo + KEYS - 1 of sequence s, kv head hk, to the stage at `at` (K rows,
         then V rows): cp.async for keys before n_keys, zeros past them (their p is 0, and 0
-        times a stale NaN would not be)."""
-        for c in range(tid, KEYS * PIECES, THREADS):
-            key, piece = c // PIECES, c % PIECES
+        times a stale NaN would not be). This thread copies 16-byte piece `piece` of keys
+        key0, key0 + LOAD_STEP, .."""
+        for u in range(LOAD_PASSES):
+            key = key0 + u * LOAD_STEP
+            if PARTIAL_PASS and key >= KEYS:
+                break
             dst = at + key * RS + 4 * piece
             j = lo + key
             if j < n_keys:
@@ -122,6 +130,7 @@ def _kernel(D: int):
         k_lane = (8 * (m8 // 2) + lane % 8) * RS + 4 * (m8 % 2)  # keys +8 / dims +8
         v_lane = (8 * (m8 % 2) + lane % 8) * RS + 4 * (m8 // 2)  # transposed: dims +8 / keys +8
         ra = 16 * w + g  # the lane's first row; its second is ra + 8
+        key0, piece = tid // PIECES, tid % PIECES  # load_tile's copies
         t_end = imin(first_token + (tile + 1) * per_tile, q.shape[0])
         first = first_token + tile * per_tile
         while first < t_end:  # one run of tokens of one sequence at a time
@@ -178,12 +187,13 @@ def _kernel(D: int):
             l_a, l_b = np.float32(0.0), np.float32(0.0)
             n_tiles = (n_keys + KEYS - 1) // KEYS
             load_tile(smem, 0, k_words, v_words, block_tables, s, hk, Hk, bs, shift, 0, n_keys,
-                      tid)  # fmt: skip
+                      key0, piece)  # fmt: skip
             copy_async_commit()
             for kt in range(n_tiles):
                 if kt + 1 < n_tiles:
                     load_tile(smem, ((kt + 1) % 2) * STAGE, k_words, v_words, block_tables, s,
-                              hk, Hk, bs, shift, (kt + 1) * KEYS, n_keys, tid)  # fmt: skip
+                              hk, Hk, bs, shift, (kt + 1) * KEYS, n_keys, key0,
+                              piece)  # fmt: skip
                 copy_async_commit()
                 _wait_previous()
                 cuda.syncthreads()  # tile kt is in shared memory for every warp

@@ -52,6 +52,7 @@ KEYS = 16 if SIMULATOR else 64  # keys per tile
 MAX_GROUP = 16  # query heads per kv head: a tile holds at least ROWS // 16 tokens
 _wait_previous = copy_async_waiter(1)  # all but the last committed group of copies landed
 
+
 def supports(k_cache, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     """Whether this kernel takes the shape: a bf16 cache (uint16 bits), heads of 16 .. 128 dims
     in whole mma k steps, at most MAX_GROUP query heads a kv head."""

@@ -102,6 +102,13 @@ def test_flash_prefill_in_graphs_gives_the_eager_tokens(tiny, workload, monkeypa
     _assert_same(workload, eager, replayed)
 
 
+def test_flash_prefill_needs_a_bf16_cache(tiny, workload):
+    from vtllm.errors import InvalidParameter
+
+    with pytest.raises(InvalidParameter, match="cuda_flash_prefill needs kv_cache_dtype bfloat16"):
+        _run(tiny, workload, device="cuda", depth=1, kv="float32", flash=True)
+
+
 def test_depth2_equals_depth1_with_bf16_kv(tiny, workload):
     """The law with a bfloat16 KV cache: rounding on write is deterministic, so the overlapped
     run with graphs still reproduces the synchronous eager one, preemptions included."""

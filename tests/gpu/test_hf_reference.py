@@ -48,7 +48,7 @@ def _runner(loaded, kv_cache_dtype="float32", matmul_input_dtype="float32", flas
 @pytest.mark.parametrize(("kv", "matmul", "flash"), [
     ("float32", "float32", False), ("bfloat16", "float32", False),
     ("float32", "bfloat16", False), ("bfloat16", "bfloat16", True),
-])  # fmt: skip
+], ids=["f32", "bf16-kv", "bf16-inputs", "flash"])  # fmt: skip
 @pytest.mark.parametrize("shape", SHAPES)
 def test_teacher_forced_logits(tmp_path, monkeypatch, shape, kv, matmul, flash):
     """Either KV cache dtype and either matmul input dtype: bf16 K/V (as HF's bf16 model keeps

@@ -9,10 +9,10 @@ weights p before p @ V (as flash attention does); scores, maxima, sums and the o
 float32. A row's result still depends on nothing but its own query and keys: keys go in tiles
 of KEYS from position 0 (not from the step's first token), each tile's max and sums are the
 row's own (four lanes of one warp), and a row's place in the tile does not change what an mma
-computes for it. So a prompt gives the same bits alone or beside others, in one step or chunked
-by tiles of KEYS... but not the bits of the decode kernels, which take a step's leading rows
-(attention_ring.split_attention): a prompt's last token and its tokens among those rows differ
-from the others by rounding.
+computes for it. So a prompt's rows get the same bits alone or beside others, in one step or
+in chunks; but not the decode kernels' bits, and those take a step's leading rows
+(attention_ring.split_attention): a prompt token that lands among them, or comes alone (its
+prompt's last chunk of one token), differs by rounding from the same token computed here.
 
 A block owns one kv head and ROWS // G consecutive tokens (G = Hq / Hk query heads each): up to
 ROWS (token, head) rows, 16 a warp, lane 4 g + t holding rows g and g + 8 of its warp's (the mma
@@ -23,6 +23,11 @@ masked (causal, and keys past the run's window), scaled by scale * log2(e); the 
 sum of each row (online softmax with exp2); p rounded to bf16 straight from the accumulators
 into A fragments, and o += p V (V's B fragments by ldmatrix.trans). Out = o / sum at the end.
 Rows are (token, head) pairs as in attention_prefill, and tiles are launched heaviest first.
+
+On an H100 (BENCHMARKS.md): 5.4-7.2x attention_prefill at 1,024-4,096 tokens (Qwen3-0.6B and
+8B head shapes), 0.27-0.30x torch's SDPA; 247 registers (two blocks an SM), ~8 other
+instructions per HMMA in its key loop (SASS), so most likely bound by instruction issue, not by
+the tensor cores (not profiled).
 """
 
 import functools

@@ -20,7 +20,9 @@ integer instructions and registers per access).
 
 Both are kept in program order against the other side-effecting PTX (barriers, waits), so a
 load never moves above the barrier that publishes what it reads. Under numba's simulator they
-are plain indexing (a copy lands at once).
+are plain indexing (a copy lands at once); ldmatrix there exchanges its lanes' indices through
+the block, as _ptx's mma does, so every thread of the block must call it the same number of
+times.
 """
 
 import numpy as np

@@ -111,9 +111,9 @@ def _kernel(D: int):
                 copy_async16_to(smem, dst, k_words, row, 4 * piece)
                 copy_async16_to(smem, dst + KV_WORDS, v_words, row, 4 * piece)
             else:
-                for u in range(4):
-                    smem[dst + u] = 0
-                    smem[dst + KV_WORDS + u] = 0
+                for word in range(4):
+                    smem[dst + word] = 0
+                    smem[dst + KV_WORDS + word] = 0
 
     @cuda.jit(cache=True)
     def kernel(q, k_words, v_words, block_tables, seq_lens, query_start_loc, scale_log2, out,
@@ -128,7 +128,7 @@ def _kernel(D: int):
         per_tile = ROWS // G
         smem = cuda.shared.array(0, uint32)  # dynamic: _shared_words(D) words
         bad = cuda.shared.array(1, int32)
-        qa = cuda.local.array(QA, uint32)  # A fragments of q: rows ra, rb
+        qa = cuda.local.array(QA, uint32)  # A fragments of q: rows ra and ra + 8
         o = cuda.local.array((DT, 4), float32)
         sc = cuda.local.array((NT, 4), float32)  # S, then p
         shift = block_shift(bs)

@@ -8,7 +8,8 @@ bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a 
 20 back-to-back launches replayed 5 times, median per launch (no Python launch cost in it).
 GB/s counts the weight bytes once per launch; TFLOP/s is 2 M N K per launch. --variant loads
 the kernel module from a file instead (a copy with other tuning constants; with --gemm, a
-copy of gemm_mma.py). --rows adds linear_rows (batched decode, bits
+copy of gemm_mma.py; with --wgmma, of gemm_wgmma.py). --wgmma times gemm_wgmma (Hopper's
+warpgroup mma, x rounded included) against gemm_mma, linear_mma's bits and torch. --rows adds linear_rows (batched decode, bits
 checked against linear_mma) for M > 8, and --rows-variant copies of its module beside it. --gemm times the
 prefill kernel gemm_mma (x split included, and alone) against linear_mma and torch on the 8B
 shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's.
@@ -141,6 +142,53 @@ def bench_gemm(ms, shapes, gmod, x_bf16):
         torch.cuda.empty_cache()
 
 
+def bench_wgmma(ms, shapes, wg):
+    """gemm_wgmma (x rounded included) against gemm_mma (x split included), linear_mma and
+    torch, W packed with x_bf16; 'bits' counts the outputs whose bits differ from linear_mma's
+    (0 for a stand-in), 'err' their largest difference relative to linear_mma's largest
+    output (a wrong layout shows as O(1), rounding as ~1e-6)."""
+    mod, gm = default_module, default_gemm_module
+    stream = cuda.stream()
+    rng = np.random.default_rng(0)
+    print(f"{'shape':14s} {'M':>5s} {'wgmma us':>8s} {'TFLOP/s':>7s} {'mma us':>8s} "
+          f"{'TFLOP/s':>7s} {'torch us':>8s} {'TFLOP/s':>7s} {'wg/torch':>8s} {'bits':>8s} "
+          f"{'err':>8s}")  # fmt: skip
+    for name in shapes:
+        n, k = SHAPES[name]
+        wt = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
+        w_bits = cuda.as_cuda_array(wt.view(torch.int16)).view(np.uint16)
+        packed = mod.pack_bf16(w_bits, x_bf16=True, stream=stream)
+        bias = cuda.to_device(rng.standard_normal(n).astype(np.float32), stream=stream)
+        for m in ms:
+            x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32), stream=stream)
+            out = cuda.device_array((m, n), np.float32, stream=stream)
+            ref = cuda.device_array((m, n), np.float32, stream=stream)
+            xs = cuda.device_array(mod.x_scratch_words(m, k), np.uint32, stream=stream)
+            mod.linear_mma(x, packed, ref, bias=bias, x_scratch=xs, stream=stream)
+            wg.gemm_wgmma(wg.round_x(x, xs, stream=stream), packed, out, bias=bias,
+                          stream=stream)  # fmt: skip
+            stream.synchronize()
+            o, r = out.copy_to_host(), ref.copy_to_host()
+            bad = int(np.count_nonzero(o.view(np.uint32) != r.view(np.uint32)))
+            err = float(np.nanmax(np.abs(o - r)) / np.abs(r).max())
+
+            def ours_fn(x=x, xs=xs, p=packed, o=out):
+                wg.gemm_wgmma(wg.round_x(x, xs, stream=stream), p, o, stream=stream)
+
+            def mma_fn(x=x, xs=xs, p=packed, o=out):
+                gm.gemm_mma(mod.split_x(x, xs, x_bf16=True, stream=stream), p, o, stream=stream)
+
+            ours, mma = numba_us(stream, ours_fn), numba_us(stream, mma_fn)
+            xt = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            peer = torch_us(lambda xt=xt, wt=wt: torch.nn.functional.linear(xt, wt))
+            tf = 2 * m * n * k / 1e6
+            print(f"{name:14s} {m:5d} {ours:8.1f} {tf / ours:7.1f} {mma:8.1f} {tf / mma:7.1f} "
+                  f"{peer:8.1f} {tf / peer:7.1f} {peer / ours:8.2f} {bad:8d} {err:8.1e}")  # fmt: skip
+            del x, out, ref, xs
+        del packed, wt
+        torch.cuda.empty_cache()
+
+
 def bench_rows(stream, mod, x, xs, packed, out, linear_rows):
     """linear_rows: us, and the outputs whose bits differ from linear_mma's (must be 0); a
     variant that refuses W says so."""
@@ -183,6 +231,7 @@ def main():
         help="a copy of kernels/cuda/linear_mma.py (with --gemm: of gemm_mma.py) to time instead",
     )
     p.add_argument("--gemm", action="store_true", help="time gemm_mma (prefill) instead")
+    p.add_argument("--wgmma", action="store_true", help="time gemm_wgmma against gemm_mma")
     p.add_argument(
         "--rows", action="store_true", help="also time linear_rows (M > 8; x split included)"
     )
@@ -194,6 +243,14 @@ def main():
     p.add_argument("--gemm-ms", default="128,512,1024,4096")
     p.add_argument("--x-bf16", action="store_true", help="W packed for x rounded to bf16")
     args = p.parse_args()
+    if args.wgmma:
+        from vtllm.kernels.cuda import gemm_wgmma
+
+        wg = load_variant(args.variant) if args.variant else gemm_wgmma
+        print(f"gemm_wgmma: {wg.WARPGROUPS} warpgroups, {wg.TOKENS} tokens, "
+              f"{wg.STAGES} stages of {wg.STAGE_TILES} K tiles")  # fmt: skip
+        bench_wgmma([int(m) for m in args.gemm_ms.split(",")], args.shapes.split(","), wg)
+        return
     if args.gemm:
         gmod = load_variant(args.variant) if args.variant else default_gemm_module
         bench_gemm(

@@ -1,16 +1,19 @@
 # The measurements still owed (see BENCHMARKS.md's last section), in order of need, for
 # tools/device_steps.sh: `bash tools/device_steps.sh start tools/device_plan.sh`.
-# 1. attention_flash's HF teacher-forced case (not yet run on a card: `-k flash` missed it
-#    before its parametrize ids named it), then the whole GPU gates at this commit.
-T=600 step flash_gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu -k flash
-T=600 step gpu_tests python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu
-# 2. TTFT 128 with and without flash prefill (the 128-token prompt fits the decode kernels'
-#    rows, so it should not move), and HTTP c64 beside HF with the exact default.
-B="python3 -m vtllm bench gpu --peers none --batches 1 --steps 16 --shapes qwen3-0.6b"
-T=600 step ttft_06_flash $B --prompts 128,1024 --flash-prefill
-T=600 step ttft_06_exact $B --prompts 128,1024
-M=/tmp/vtllm-bench-gpu/qwen3-0.6b
-T=900 step http_hf env PY=python3 MODEL=$M SKIP_PEER=1 THREADS=16 CONCURRENCY=64 \
-  VT_ARGS=--device=cuda HF_MODEL=$M HF_ARGS="--device cuda --dtype bfloat16" \
-  OUT=/tmp/res/http bash loadtest/peers/compare_servers.sh
-step http_table python3 loadtest/peers/compare_table.py /tmp/res/http --runs vtllm hf
+# 1. gemm_wgmma (Hopper's warpgroup mma) with its stage-batched issue, not yet run on a card:
+#    bits against linear_mma and speed against gemm_mma and torch, then tiling variants (sed
+#    copies of the module), then the kernel tests on the card.
+B="python3 tools/device_bench_linear.py --wgmma --gemm-ms 1024,4096 --shapes"
+T=600 step wgmma_bench $B "8B qkv,8B o,8B gate_up,8B down,0.6B qkv,0.6B gate_up"
+K=vtllm/kernels/cuda/gemm_wgmma.py
+L="WARPGROUPS, TOKENS, STAGE_TILES, STAGES = 2, 128, 4, 6"
+sed "s/$L/WARPGROUPS, TOKENS, STAGE_TILES, STAGES = 2, 192, 4, 5/" $K > /tmp/wg_192.py
+sed -e "s/$L/WARPGROUPS, TOKENS, STAGE_TILES, STAGES = 3, 128, 4, 5/" \
+  -e 's/^_REGISTERS = {}/_REGISTERS = {"max_registers": 168}/' $K > /tmp/wg_3wg.py
+sed "s/$L/WARPGROUPS, TOKENS, STAGE_TILES, STAGES = 2, 128, 8, 3/" $K > /tmp/wg_8x3.py
+for v in 3wg 192 8x3; do T=600 step wgmma_$v $B "8B qkv,8B gate_up" --variant /tmp/wg_$v.py; done
+T=900 step wgmma_tests python3 -m pytest -q -p no:cacheprovider -m cudasim tests/kernels_cuda/test_gemm_wgmma.py
+# 2. Where it is faster: route DeviceWeight.matmul's prefill steps to it (on an sm_90 GPU,
+#    _ptx_wgmma.WGMMA, with W packed for bf16 x), then TTFT on both shapes and the GPU gates:
+#    python3 -m vtllm bench gpu --peers none --batches 1 --prompts 1024,4096 \
+#        --shapes llama3-8b,qwen3-0.6b;  python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu

@@ -119,22 +119,28 @@ def main():
     p.add_argument("--sass", help="write the disassembly here")
     p.add_argument("--mma-loop", action="store_true", help="count the main loop's instructions")
     p.add_argument("--loops", action="store_true", help="list the loops and what is in them")
+    p.add_argument("--sm90a", action="store_true", help="compile for sm_90a (what numba does "
+                   "on an H100 / H200: wgmma kernels need it)")  # fmt: skip
     args = p.parse_args()
     spec = importlib.util.spec_from_file_location("kernel_module", args.module)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     kernel = eval(args.kernel, vars(module))  # a name, or a table lookup
-    ptx, _ = cuda.compile_ptx(kernel.py_func, args.signature, cc=(9, 0))
+    cc = (9, 0, "a") if args.sm90a else (9, 0)
+    ptx, _ = cuda.compile_ptx(kernel.py_func, args.signature, cc=cc)
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/k.ptx", "w") as f:
             f.write(ptx)
-        cmd = ["ptxas", "-arch=sm_90", "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"]
+        arch = "-arch=sm_90a" if args.sm90a else "-arch=sm_90"
+        cmd = ["ptxas", arch, "-v", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"]
         if args.max_registers:
             cmd += ["-maxrregcount", str(args.max_registers)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         print(
             "\n".join(
-                line for line in done.stderr.splitlines() if "Used" in line or "spill" in line
+                line
+                for line in done.stderr.splitlines()
+                if "Used" in line or "spill" in line or "warning" in line
             )
         )
         if done.returncode:

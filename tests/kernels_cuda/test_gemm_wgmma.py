@@ -43,8 +43,8 @@ SHAPES += [(2 * ROWS, 16 * (STAGES * STAGE_TILES + RESIDUES + 1))]
 if not SIMULATOR:  # (the simulator runs a block's 128 threads in Python: minutes a shape)
     SHAPES += [(32, 16 * (WIDE_WARPS * UNROLL + 3))]
     SHAPES += [(4096, 4096), (160, 14336), (6144 + 16, 4096 + 48)]
-# one token; a partial block past one (and on the GPU exactly one block, more and more)
-MS = [1, TOKENS + 9] + ([] if SIMULATOR else [TOKENS, 3 * TOKENS + 1, 1000])
+# a partial block past a whole one (and on the GPU one token, exactly one block, more)
+MS = [TOKENS + 9] + ([] if SIMULATOR else [1, TOKENS, 3 * TOKENS + 1, 1000])
 
 
 def run_both(x, w, bias):

@@ -11,7 +11,7 @@ several and waits for them later.
       A from registers: warp w of the warpgroup holds rows 16 w .. 16 w + 15 as the A
       fragments of mma.m16n8k16 (_ptx.mma_bf16's a0 .. a3), so a tile packed by
       linear_mma.pack_bf16 feeds it as it is. B from shared memory, s[i ..] (s a uint32 shared
-      array, i a multiple of 4 words) in B_LAYOUT: token n's 16 k values are two 16-byte rows
+      array, i a multiple of 4 words), laid out so: token n's 16 k values are two 16-byte rows
       (k 0..7, k 8..15), 8 tokens' rows of one k half are 128 contiguous bytes, the two k halves
       of 8 tokens 256 bytes: word b_word(n, h) = 64 (n // 8) + 32 h + 4 (n % 8). Accumulators
       as mma's, per 8 columns: p[4 j] row g col 8 j + 2 t, p[4 j + 1] col + 1, p[4 j + 2] and
@@ -44,7 +44,7 @@ B_LBO, B_SBO = 128, 256  # bytes between B's k halves, between its groups of 8 t
 
 @cuda.jit(device=True)
 def b_word(n, h):
-    """Word offset of token n's k half h (8 bf16, 4 words) in a B tile (B_LAYOUT above)."""
+    """Word offset of token n's k half h (8 bf16, 4 words) in a B tile (the docstring above)."""
     return (B_SBO // 4) * (n // 8) + (B_LBO // 4) * h + 4 * (n % 8)
 
 

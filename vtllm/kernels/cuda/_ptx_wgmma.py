@@ -105,7 +105,6 @@ if SIMULATOR:
 
 else:
     from llvmlite import ir
-    from numba import cuda
     from numba.cuda import types
     from numba.cuda.extending import intrinsic
 

@@ -6,9 +6,12 @@ the GIL (nogil=True), so the event loop keeps running while a step computes.
 
 Both backends count where a step's time goes (read by /metrics): `device_seconds`, the
 device running steps, and `launch_seconds`, the backend's thread enqueuing them (zero on the
-CPU, whose launch only queues the plan; its whole step is the device's).
+CPU, whose launch only queues the plan; its whole step is the device's). The CPU backend
+counts a running step's seconds up to the moment it is read, so the counter's difference
+over any window never exceeds the window (a step that straddles a scrape is split at it).
 """
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,8 +34,10 @@ class CpuBackend:
 
         self.runner = runner
         self.threads = threads
-        self.device_seconds = 0.0
         self.launch_seconds = 0.0
+        self._device_seconds = 0.0  # finished steps
+        self._step_started: float | None = None  # the running step's perf_counter start
+        self._clock = threading.Lock()  # the worker's updates against a scrape's read
         # numba's thread count is per calling thread, so the worker sets its own.
         self._worker = ThreadPoolExecutor(
             max_workers=1,
@@ -46,11 +51,23 @@ class CpuBackend:
         return InFlightStep(plan.step_id, future, time.perf_counter())
 
     def _execute(self, plan: StepPlan) -> StepResult:
-        started = time.perf_counter()
+        with self._clock:
+            self._step_started = time.perf_counter()
         try:
             return self.runner.execute(plan)
         finally:
-            self.device_seconds += time.perf_counter() - started
+            with self._clock:
+                self._device_seconds += time.perf_counter() - self._step_started
+                self._step_started = None
+
+    @property
+    def device_seconds(self) -> float:
+        """Seconds the worker spent running steps, the running one's so far included."""
+        with self._clock:
+            running = 0.0
+            if self._step_started is not None:
+                running = time.perf_counter() - self._step_started
+            return self._device_seconds + running
 
     def collect(self, step: InFlightStep) -> StepResult:
         return step.future.result()

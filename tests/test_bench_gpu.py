@@ -32,6 +32,8 @@ def test_defaults_and_flags_parse():
     assert s.peers == ["hf", "llamacpp"] and s.layers is None and s.json is None
     assert s.knobs["cuda_pdl"] and not s.knobs["cuda_flash_prefill"]
     assert _settings("--flash-prefill").knobs["cuda_flash_prefill"]
+    assert s.knobs["cuda_prefill_gemm"] == "mma"
+    assert _settings("--prefill-gemm", "wgmma").knobs["cuda_prefill_gemm"] == "wgmma"
     s = _settings("--shapes", "llama3-8b", "--layers", "4", "--gguf", "/m.gguf", "--peers",
                   "none", "--batches", "1,32", "--json", "--work", "/w")  # fmt: skip
     assert s.ggufs == {"llama3-8b": "/m.gguf"} and s.peers == [] and s.batches == [1, 32]

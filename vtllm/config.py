@@ -145,6 +145,14 @@ KNOBS = (
         "weights, bf16 KV cache): much faster long prompts, but those rows lose the decode "
         "kernels' bits, so outputs then depend on batching and prompt chunking by rounding",
     ),
+    Knob(
+        "cuda_prefill_gemm",
+        "str",
+        "mma",
+        "the tensor-core kernel of long steps' matmuls: mma (mma.sync) or wgmma (Hopper's "
+        "warpgroup mma: an sm_90 GPU and matmul_input_dtype bfloat16); the same bits either way",
+        choices=("mma", "wgmma"),
+    ),
     Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),
     Knob("port", "int", 8000, "port the HTTP server binds", 0, 65535),
     Knob("max_body_bytes", "bytes", 4 << 20, "largest request body", 1024, 1 << 30),
@@ -251,6 +259,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     cuda_pdl: bool = True
     cuda_split_attention_rows: int = 0
     cuda_flash_prefill: bool = False
+    cuda_prefill_gemm: str = "mma"
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 4 << 20

@@ -24,11 +24,12 @@ def tiny(tmp_path_factory):
 
 def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "float32",
          pdl: bool = True, matmul: str = "float32", split_rows: int = 0,
-         flash: bool = False):  # fmt: skip
+         flash: bool = False, gemm: str = "mma"):  # fmt: skip
     """kv: the KV cache dtype; the budget holds the same number of blocks at either width.
     pdl: the graphs' kernel edges programmatic (VT_CUDA_PDL). matmul: the matmul input dtype
     (float32 here, the cuda default being bfloat16, so the CPU comparisons hold to float32).
-    split_rows: VT_CUDA_SPLIT_ATTENTION_ROWS. flash: VT_CUDA_FLASH_PREFILL."""
+    split_rows: VT_CUDA_SPLIT_ATTENTION_ROWS. flash: VT_CUDA_FLASH_PREFILL. gemm:
+    VT_CUDA_PREFILL_GEMM."""
     half = kv == "bfloat16"
     config, _ = resolve(
         device=device,
@@ -36,6 +37,7 @@ def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str 
         cuda_pdl=pdl,
         cuda_split_attention_rows=split_rows,
         cuda_flash_prefill=flash,
+        cuda_prefill_gemm=gemm,
         async_depth=depth,
         kv_cache_dtype=kv,
         matmul_input_dtype=matmul,
@@ -107,6 +109,13 @@ def test_flash_prefill_needs_a_bf16_cache(tiny, workload):
 
     with pytest.raises(InvalidParameter, match="cuda_flash_prefill needs kv_cache_dtype bfloat16"):
         _run(tiny, workload, device="cuda", depth=1, kv="float32", flash=True)
+
+
+def test_wgmma_needs_bf16_matmul_inputs(tiny, workload):
+    from vtllm.errors import InvalidParameter
+
+    with pytest.raises(InvalidParameter, match="cuda_prefill_gemm wgmma needs"):
+        _run(tiny, workload, device="cuda", depth=1, matmul="float32", gemm="wgmma")
 
 
 def test_depth2_equals_depth1_with_bf16_kv(tiny, workload):

@@ -75,6 +75,42 @@ def test_same_bits_as_linear_mma(rng, m):
         check_close(ours, rounded_to_bf16(x), w_bits, bias)
 
 
+def test_device_weight_takes_wgmma_where_asked(rng, monkeypatch):
+    """matmul: a W uploaded with wgmma sends the steps gemm_pays for to gemm_wgmma, with the
+    bits of the same W's gemm_mma route (and a gate/up W's silu(gate) * up after it). The
+    simulator counts every step a GEMM's (its thresholds would need minutes a call)."""
+    from vtllm.executor import cuda_model
+    from vtllm.executor.cuda_model import DeviceWeight
+    from vtllm.kernels.cuda.gemm_mma import BLOCK_GROUPS, GEMM_ABOVE, GEMM_MIN_BLOCKS
+
+    n, k = ROWS, 32
+    if SIMULATOR:
+        m = TOKENS + 9
+        monkeypatch.setattr(cuda_model, "gemm_pays", lambda m, n: True)
+    else:
+        m = GEMM_ABOVE + 8 * BLOCK_GROUPS * GEMM_MIN_BLOCKS
+    assert cuda_model.gemm_pays(m, n)
+    launched, launch = [], cuda_model.gemm_wgmma
+    monkeypatch.setattr(cuda_model, "gemm_wgmma",
+                        lambda *a, **kw: (launched.append(1), launch(*a, **kw)))  # fmt: skip
+    w_bits = random_weight(rng, QType.BF16, n, k)
+    packed = pack_bf16(dev(w_bits), x_bf16=True)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = dev(rng.standard_normal(n).astype(np.float32))
+    scratch = dev(np.zeros(x_scratch_words(m, k), np.uint32))
+    outs = []
+    for wgmma in (True, False):
+        out, act = poisoned((m, n)), poisoned((m, n // 2))
+        dw = DeviceWeight(packed, int(QType.BF16), packed=True, wgmma=wgmma)
+        dw.matmul(dev(x), out, bias=bias, x_scratch=scratch)
+        dw.matmul(dev(x), poisoned((m, n)), x_scratch=scratch, act=act)
+        outs.append((host(out), host(act)))
+    assert len(launched) == 2  # both calls of the wgmma W, none of the other's
+    for ours, theirs in zip(*outs, strict=True):
+        assert not np.isnan(ours).any()
+        np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+
+
 def test_round_x_is_split_x_hi(rng):
     """round_x's words are split_x's hi halves (x_bf16), laid out row-major."""
     m, k = 11, 48

@@ -71,6 +71,12 @@ def add_arguments(parser) -> None:
         "configuration)",
     )
     parser.add_argument(
+        "--prefill-gemm",
+        default="mma",
+        choices=("mma", "wgmma"),
+        help="our long steps' matmul kernel (VT_CUDA_PREFILL_GEMM; mma: the default configuration)",
+    )
+    parser.add_argument(
         "--json",
         nargs="?",
         const="-",
@@ -114,6 +120,7 @@ class Settings:
             "matmul_input_dtype": args.matmul_input_dtype,
             "cuda_pdl": args.pdl,
             "cuda_flash_prefill": args.flash_prefill,
+            "cuda_prefill_gemm": args.prefill_gemm,
         }
         self.json = args.json
 
@@ -413,7 +420,7 @@ def run_bench_gpu(args) -> int:
     flash = "on" if d["cuda_flash_prefill"] else "off"
     print(f"{LEGEND} Our KV cache: {d['kv_cache_dtype']}; matmul inputs: "
           f"{d['matmul_input_dtype']}; programmatic launch: {pdl}; "
-          f"flash prefill: {flash}.")  # fmt: skip
+          f"flash prefill: {flash}; prefill GEMM: {d['cuda_prefill_gemm']}.")  # fmt: skip
     print(format_table(report["rows"], settings.peers))
     return 0
 

@@ -144,6 +144,7 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             cuda_pdl=config.cuda_pdl,
             split_attention_rows=config.cuda_split_attention_rows,
             cuda_flash_prefill=config.cuda_flash_prefill,
+            cuda_prefill_gemm=config.cuda_prefill_gemm,
             kv_cache_dtype=resolved_dtype(config.kv_cache_dtype, "cuda"),
             matmul_input_dtype=resolved_dtype(config.matmul_input_dtype, "cuda"),
         )

@@ -30,6 +30,7 @@ from vtllm.kernels.cuda.activation import tile_interleave
 from vtllm.kernels.cuda.attention_split import fuses_rope, make_scratch, rope_attention
 from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
 from vtllm.kernels.cuda.gemm_mma import gemm_mma, gemm_pays
+from vtllm.kernels.cuda.gemm_wgmma import gemm_wgmma, round_x
 from vtllm.kernels.cuda.linear_mma import (
     PREPACK_ABOVE,
     linear_mma,
@@ -56,18 +57,22 @@ class DeviceWeight:
     data: object  # device array, layout per QType, or a PackedBF16 for the tensor cores
     qtype: int
     packed: bool = False  # bf16 in mma fragment order (kernels/cuda/linear_mma)
+    wgmma: bool = False  # packed with x_bf16, on Hopper: long steps take gemm_wgmma
 
     def matmul(self, x, out, *, bias=None, x_scratch=None, act=None, stream=0) -> None:
         """out = x @ W.T (+ bias); x_scratch: see linear_mma. Packed W: steps that gemm_pays
-        for go to gemm_mma, batched-decode steps that rows_pay for to linear_rows, the rest
-        to linear_mma; all three give the same bits, so a token's row never depends on the
-        size of its step. act: W is a gate/up matrix and act [M, N / 2] gets silu(gate) * up,
-        from the linear's epilogue where its kernel has one (out then unused), else by
-        silu_and_mul over out (same bits)."""
+        for go to gemm_mma (gemm_wgmma where self.wgmma), batched-decode steps that rows_pay
+        for to linear_rows, the rest to linear_mma; all of them give the same bits, so a
+        token's row never depends on the size of its step. act: W is a gate/up matrix and act
+        [M, N / 2] gets silu(gate) * up, from the linear's epilogue where its kernel has one
+        (out then unused), else by silu_and_mul over out (same bits)."""
         m, n = x.shape[0], out.shape[1]
         swiglu = act is not None
         split_step = self.packed and x_scratch is not None and m > PREPACK_ABOVE
-        if split_step and gemm_pays(m, n):
+        if split_step and gemm_pays(m, n) and self.wgmma:
+            gemm_wgmma(round_x(x, x_scratch, stream=stream), self.data, out, bias=bias,
+                       stream=stream)  # fmt: skip
+        elif split_step and gemm_pays(m, n):
             xp = split_x(x, x_scratch, x_bf16=self.data.x_bf16, stream=stream)
             gemm_mma(xp, self.data, out, bias=bias, stream=stream)
         elif split_step and rows_pay(m, n):
@@ -110,9 +115,9 @@ def _for_tensor_cores(x: Weight) -> bool:
     return x.qtype == QType.BF16 and packable(*x.data.shape)
 
 
-def upload_weights(weights: ModelWeights, stream, *, x_bf16: bool = False):
+def upload_weights(weights: ModelWeights, stream, *, x_bf16: bool = False, wgmma: bool = False):
     """-> (layers, {embed, lm_head, final_norm}); x_bf16: packed matrices multiply x rounded to
-    bf16 (linear_mma.PackedBF16)."""
+    bf16 (linear_mma.PackedBF16); wgmma (with x_bf16): their long steps take gemm_wgmma."""
 
     def raw(x: Weight) -> DeviceWeight:
         return DeviceWeight(cuda.to_device(np.ascontiguousarray(x.data), stream=stream), x.qtype)
@@ -128,7 +133,7 @@ def upload_weights(weights: ModelWeights, stream, *, x_bf16: bool = False):
         up = raw(x)
         packed = pack_bf16(up.data, x_bf16=x_bf16, stream=stream)
         stream.synchronize()  # the raw copy is freed on return
-        return DeviceWeight(packed, x.qtype, packed=True)
+        return DeviceWeight(packed, x.qtype, packed=True, wgmma=wgmma and x_bf16)
 
     def vec(a):
         return None if a is None else cuda.to_device(np.ascontiguousarray(a, np.float32), stream)
@@ -172,11 +177,12 @@ class StepInputs:
 class CudaForward:
     def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_tokens: int,
                  max_positions: int, max_decode_rows: int, stream,
-                 x_bf16: bool = False, flash_prefill: bool = False):  # fmt: skip
-        """x_bf16: see upload_weights; flash_prefill: see attention.paged_attention."""
+                 x_bf16: bool = False, flash_prefill: bool = False,
+                 wgmma: bool = False):  # fmt: skip
+        """x_bf16, wgmma: see upload_weights; flash_prefill: see attention.paged_attention."""
         self.config, self.stream = config, stream
         self.flash_prefill = flash_prefill
-        self.layers, top = upload_weights(weights, stream, x_bf16=x_bf16)
+        self.layers, top = upload_weights(weights, stream, x_bf16=x_bf16, wgmma=wgmma)
         self.embed, self.lm_head, self.final_norm = top["embed"], top["lm_head"], top["final_norm"]
         cos_sin = rope_table(config, weights, max_positions, ops)
         self.cos_sin = cuda.to_device(np.ascontiguousarray(cos_sin, np.float32), stream=stream)

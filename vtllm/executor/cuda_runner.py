@@ -40,6 +40,7 @@ from vtllm.kernels import cpu as cpu_ops
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda._kv_cache import KV_DTYPES
 from vtllm.kernels.cuda._ptx import GRID_DEPENDENCY
+from vtllm.kernels.cuda._ptx_wgmma import WGMMA
 from vtllm.kernels.cuda.attention_split import SPLIT
 from vtllm.kernels.cuda.gather import gather_rows
 from vtllm.kernels.sampling_table import SamplingTable
@@ -89,13 +90,35 @@ def attention_split_rows(config, max_num_seqs: int, max_tokens: int, max_positio
     return min(max_tokens, max(max_num_seqs, knob))
 
 
+def _check_prefill_gemm(prefill_gemm: str, matmul_input_dtype: str) -> None:
+    """wgmma multiplies bf16 inputs only, on Hopper only (gemm_wgmma)."""
+    if prefill_gemm not in ("mma", "wgmma"):
+        raise InvalidParameter(
+            f"cuda_prefill_gemm must be mma or wgmma, got {prefill_gemm!r}",
+            param="cuda_prefill_gemm",
+        )
+    if prefill_gemm == "mma":
+        return
+    if not WGMMA:
+        raise InvalidParameter(
+            "cuda_prefill_gemm wgmma needs an sm_90 GPU (H100, H200)", param="cuda_prefill_gemm"
+        )
+    if matmul_input_dtype != "bfloat16":
+        raise InvalidParameter(
+            "cuda_prefill_gemm wgmma needs matmul_input_dtype bfloat16, "
+            f"got {matmul_input_dtype!r}",
+            param="cuda_prefill_gemm",
+        )
+
+
 class CudaModelRunner:
     def __init__(self, loaded: LoadedModel, *, block_size: int, max_num_seqs: int,
                  max_model_len: int, max_num_batched_tokens: int, kv_cache_memory: int,
                  kv_cache_fraction: float, use_graphs: bool,
                  kv_cache_dtype: str = "float32",
                  matmul_input_dtype: str = "float32", cuda_pdl: bool = True,
-                 split_attention_rows: int = 0, cuda_flash_prefill: bool = False):  # fmt: skip
+                 split_attention_rows: int = 0, cuda_flash_prefill: bool = False,
+                 cuda_prefill_gemm: str = "mma"):  # fmt: skip
         if kv_cache_dtype not in KV_DTYPES:
             raise InvalidParameter(
                 f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}",
@@ -113,6 +136,7 @@ class CudaModelRunner:
                 f"and values), got {kv_cache_dtype!r}",
                 param="cuda_flash_prefill",
             )
+        _check_prefill_gemm(cuda_prefill_gemm, matmul_input_dtype)
         c = self.config = loaded.config
         self.block_size, self.max_model_len = block_size, max_model_len
         self.max_num_seqs = max_num_seqs
@@ -125,7 +149,8 @@ class CudaModelRunner:
                                  max_positions=max_model_len + 1,
                                  max_decode_rows=split_rows, stream=s,
                                  x_bf16=matmul_input_dtype == "bfloat16",
-                                 flash_prefill=cuda_flash_prefill)  # fmt: skip
+                                 flash_prefill=cuda_flash_prefill,
+                                 wgmma=cuda_prefill_gemm == "wgmma")  # fmt: skip
         # the mirror: [max_num_seqs, max_model_len + 1] int32 on the device
         self.token_ids_dev = cuda.to_device(np.zeros((max_num_seqs, max_model_len + 1), np.int32))
         self.num_tokens_dev = cuda.to_device(np.zeros(max_num_seqs, np.int32))

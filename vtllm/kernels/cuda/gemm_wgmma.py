@@ -18,9 +18,9 @@ c = A @ B + c, as mma.m16n8k16 does it; whether the two instructions round alike
 on the card (tests/kernels_cuda/test_gemm_wgmma.py), not assumed: they do (0 outputs differ
 from linear_mma on the 8B shapes, H100; BENCHMARKS.md).
 
-Not used by the model yet: its first version ran at 0.66-0.82x gemm_mma's speed (one wgmma in
-flight past the next issue); this one issues a stage's wgmmas as one group and has not been
-timed on a card. DeviceWeight.matmul takes it once it is measured faster.
+The model takes it where asked (VT_CUDA_PREFILL_GEMM=wgmma; DeviceWeight.matmul), not by
+default: its first version ran at 0.66-0.82x gemm_mma's speed (one wgmma in flight past the
+next issue); this one issues a stage's wgmmas as one group and has not been timed on a card.
 """
 
 import numpy as np

@@ -11,6 +11,14 @@ STAGES - 2 stages ahead (the slot a refill overwrites was read by wgmmas two sta
 complete by then: a warpgroup issues a stage's wgmmas as one group and then waits until only
 that group is in flight).
 
+Keeping a stage's wgmmas running while the next stage is set up: (1) the wait for all before
+the epilogue is explicit: without it ptxas injects one at the loop's end (tools/kernel_report.py
+--sm90a prints its "warpgroup.wait is injected" notes), which drained every stage in the first
+versions; (2) a wgmma reads its A registers until it completes, so stages alternate between
+two sets of A fragments (the stage body is one inlined function, called with either set;
+ptxas does not guard this itself); (3) a class starts with scale-d 0 (the wgmma ignores p)
+rather than p zeroed by moves: a fifth less code.
+
 Bits: linear_mma's order (see gemm_mma): K tiles residue class by residue class (tiles r, r + S,
 .. for S = w.slices), each class summed from +0 into fresh accumulators p, folded into the
 running totals (registers here) in class order, then the bias. Each K tile is one k16 step
@@ -19,8 +27,8 @@ on the card (tests/kernels_cuda/test_gemm_wgmma.py), not assumed: they do (0 out
 from linear_mma on the 8B shapes, H100; BENCHMARKS.md).
 
 The model takes it where asked (VT_CUDA_PREFILL_GEMM=wgmma; DeviceWeight.matmul), not by
-default: its first version ran at 0.66-0.82x gemm_mma's speed (one wgmma in flight past the
-next issue); this one issues a stage's wgmmas as one group and has not been timed on a card.
+default: its first version ran at 0.66-0.82x gemm_mma's speed (wgmmas drained every K tile);
+this one has not been timed on a card.
 """
 
 import numpy as np
@@ -57,6 +65,7 @@ if SIMULATOR:
 else:
     WARPGROUPS, TOKENS, STAGE_TILES, STAGES = 2, 128, 4, 6
 _REGISTERS = {}  # (three warpgroups would need max_registers=168 to fit an SM)
+_INLINE = {} if SIMULATOR else {"forceinline": True}  # (the simulator's jit has no such option)
 THREADS = 128 * WARPGROUPS
 BLOCK_TILES = 4 * WARPGROUPS  # row tiles of W a block: warp w multiplies tile w
 ACCS = TOKENS // 2  # accumulators a thread (one wgmma's share)
@@ -100,6 +109,59 @@ def _advance(kt, r, residues, ktiles):
     return kt, r
 
 
+@cuda.jit(device=True, **_INLINE)
+def _stage(s, fa, p, total, kt, r, fresh, here, load_kt, load_r, ops, xw, packed, a_row,
+           x_rows, x_at, tid, ktiles, residues):  # fmt: skip
+    """Stage s (its slot at ops[here ..]): refill the slot of stage s - 2, issue the stage's
+    wgmmas as one group with A fragments in fa, fold each class that ends in it, then wait
+    until only this stage's group is in flight. Returns (kt, r, fresh, here, load_kt, load_r)
+    stepped past it."""
+    warp, lane = tid // 32, tid % 32
+    _wait_copies()
+    proxy_fence()  # this thread's copies, read next by the tensor cores
+    cuda.syncthreads()
+    # refill the slot stage s - 2 used (its wgmmas have completed: see the docstring)
+    ahead = s + STAGES - 2
+    refill = here + (STAGES - 2) * STAGE_WORDS
+    if refill >= STAGES * STAGE_WORDS:
+        refill -= STAGES * STAGE_WORDS
+    for t in range(STAGE_TILES):
+        if ahead * STAGE_TILES + t < ktiles:
+            _copy_tile(ops, refill + t * TILE_SPAN, load_kt, xw, packed, a_row, x_rows, x_at,
+                       tid)  # fmt: skip
+            load_kt, load_r = _advance(load_kt, load_r, residues, ktiles)
+    copy_async_commit()
+    # the stage's A fragments first, then its wgmmas back to back in one group: the tensor
+    # cores get STAGE_TILES of them in flight per warpgroup, plus the stage before
+    for t in range(STAGE_TILES):
+        if s * STAGE_TILES + t < ktiles:
+            at = here + t * TILE_SPAN + warp * TILE_WORDS + 4 * lane
+            fa[4 * t], fa[4 * t + 1], fa[4 * t + 2], fa[4 * t + 3] = shared_u32x4(ops, at)
+    wgmma_fence()
+    for t in range(STAGE_TILES):
+        if s * STAGE_TILES + t < ktiles:
+            b_at = here + t * TILE_SPAN + A_WORDS
+            _wgmma(p, fa[4 * t], fa[4 * t + 1], fa[4 * t + 2], fa[4 * t + 3], ops, b_at,
+                   1 - fresh)  # fmt: skip
+            fresh = 0
+            kt += residues
+            if kt >= ktiles:  # class r is complete: fold it; the next wgmma starts afresh
+                wgmma_commit()
+                _settle(p)
+                for e in range(ACCS):  # (+ 0: linear_mma sums a class from +0)
+                    total[e] = p[e] + np.float32(0.0) if r == 0 else total[e] + p[e]
+                fresh = 1
+                wgmma_fence()
+                r += 1
+                kt = r
+    wgmma_commit()
+    _wait_one()  # the stage before has completed (its slot is refilled two stages on)
+    here += STAGE_WORDS
+    if here == STAGES * STAGE_WORDS:
+        here = 0
+    return kt, r, fresh, here, load_kt, load_r
+
+
 @cuda.jit(cache=True, **_REGISTERS)
 def _gemm_kernel(xw, packed, bias, has_bias, out, residues):
     grid_dependency_sync()
@@ -136,49 +198,20 @@ def _gemm_kernel(xw, packed, bias, has_bias, out, residues):
         copy_async_commit()
 
     r = kt = 0
+    fresh = 1  # the next wgmma starts a class (scale-d 0: it ignores p)
     here = 0  # stage s's slot, stepped rather than divided
-    for s in range(nstages):
-        _wait_copies()
-        proxy_fence()  # this thread's copies, read next by the tensor cores
-        cuda.syncthreads()
-        # refill the slot stage s - 2 used (its wgmmas have completed: see the docstring)
-        ahead = s + STAGES - 2
-        refill = here + (STAGES - 2) * STAGE_WORDS
-        if refill >= STAGES * STAGE_WORDS:
-            refill -= STAGES * STAGE_WORDS
-        for t in range(STAGE_TILES):
-            if ahead * STAGE_TILES + t < ktiles:
-                _copy_tile(ops, refill + t * TILE_SPAN, load_kt, xw, packed, a_row, x_rows,
-                           x_at, tid)  # fmt: skip
-                load_kt, load_r = _advance(load_kt, load_r, residues, ktiles)
-        copy_async_commit()
-        # the stage's A fragments first, then its wgmmas back to back in one group: the
-        # tensor cores get STAGE_TILES of them in flight per warpgroup, plus the stage before
-        fa = cuda.local.array(A_FRAGS, uint32)  # registers: constant indices
-        for t in range(STAGE_TILES):
-            if s * STAGE_TILES + t < ktiles:
-                at = here + t * TILE_SPAN + warp * TILE_WORDS + 4 * lane
-                fa[4 * t], fa[4 * t + 1], fa[4 * t + 2], fa[4 * t + 3] = shared_u32x4(ops, at)
-        wgmma_fence()
-        for t in range(STAGE_TILES):
-            if s * STAGE_TILES + t < ktiles:
-                b_at = here + t * TILE_SPAN + A_WORDS
-                _wgmma(p, fa[4 * t], fa[4 * t + 1], fa[4 * t + 2], fa[4 * t + 3], ops, b_at, 1)
-                kt += residues
-                if kt >= ktiles:  # class r is complete: fold it, restart p from +0
-                    wgmma_commit()
-                    _settle(p)
-                    for e in range(ACCS):
-                        total[e] = p[e] if r == 0 else total[e] + p[e]
-                        p[e] = np.float32(0.0)
-                    wgmma_fence()
-                    r += 1
-                    kt = r
-        wgmma_commit()
-        _wait_one()  # the stage before has completed (its slot is refilled two stages on)
-        here += STAGE_WORDS
-        if here == STAGES * STAGE_WORDS:
-            here = 0
+    # stages in pairs, each with its own A fragments (the docstring's (2))
+    fa0 = cuda.local.array(A_FRAGS, uint32)  # registers: constant indices
+    fa1 = cuda.local.array(A_FRAGS, uint32)
+    for s in range(0, nstages, 2):
+        kt, r, fresh, here, load_kt, load_r = _stage(
+            s, fa0, p, total, kt, r, fresh, here, load_kt, load_r, ops, xw, packed, a_row,
+            x_rows, x_at, tid, ktiles, residues)  # fmt: skip
+        if s + 1 < nstages:
+            kt, r, fresh, here, load_kt, load_r = _stage(
+                s + 1, fa1, p, total, kt, r, fresh, here, load_kt, load_r, ops, xw, packed,
+                a_row, x_rows, x_at, tid, ktiles, residues)  # fmt: skip
+    _settle(p)  # all complete already (the last class was settled); said for ptxas: (1)
     # linear_mma's idle warps add +0 when there are fewer K tiles than slices (-0 to +0)
     zero_fix = ktiles < residues
 

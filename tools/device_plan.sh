@@ -7,7 +7,8 @@ B="python3 tools/device_bench_linear.py --wgmma --gemm-ms 1024,4096 --shapes"
 T=600 step wgmma_bench $B "8B qkv,8B o,8B gate_up,8B down,0.6B qkv,0.6B gate_up"
 # 2. The model's long steps on it (VT_CUDA_PREFILL_GEMM=wgmma) against the default, same
 #    lease: TTFT on both shapes; then the kernel tests (bits against linear_mma, the routing
-#    test) and the GPU gates (their steps are too short for a GEMM: wgmma's bits are gemm_mma's).
+#    test) and the GPU gates (test_wgmma_gives_the_mma_logits: a 512-token chunk of the 0.6B
+#    shape through gemm_wgmma, every logit with gemm_mma's bits).
 G="python3 -m vtllm bench gpu --peers none --batches 1 --prompts 1024,4096 --shapes llama3-8b,qwen3-0.6b"
 T=900 step ttft_mma $G --prefill-gemm mma
 T=900 step ttft_wgmma $G --prefill-gemm wgmma

@@ -267,3 +267,30 @@ def test_auto_dtypes_run_bf16_on_cuda(tmp_path):
         outs[name] = (out.token_ids, [(lp.logprob, *lp.top_logprobs) for lp in out.logprobs])
     assert outs["auto"] == outs["bf16"]
     assert outs["auto"][1] != outs["f32"][1]
+
+
+def test_wgmma_gives_the_mma_logits(tmp_path, monkeypatch):
+    """VT_CUDA_PREFILL_GEMM=wgmma on the Qwen3-0.6B shape: a 512-token prompt chunk takes the
+    GEMM for qkv, gate/up and the lm_head (gemm_pays), and every logit has gemm_mma's bits."""
+    from vtllm.executor import cuda_model
+    from vtllm.executor.cuda_runner import CudaModelRunner
+    from vtllm.kernels.cuda._ptx_wgmma import WGMMA
+
+    if not WGMMA:
+        pytest.skip("wgmma needs an sm_90 GPU (H100, H200)")
+    launched, launch = [], cuda_model.gemm_wgmma
+    monkeypatch.setattr(cuda_model, "gemm_wgmma",
+                        lambda *a, **k: (launched.append(1), launch(*a, **k)))  # fmt: skip
+    loaded = load_model(write_checkpoint(tmp_path / "q", "qwen3-0.6b", seed=5, bf16=True))
+    ids = np.random.default_rng(4).integers(3, loaded.config.vocab_size, 600).tolist()
+    logits = {}
+    for gemm in ("mma", "wgmma"):
+        runner = CudaModelRunner(loaded, block_size=16, max_num_seqs=2, max_model_len=1024,
+                                 max_num_batched_tokens=512, kv_cache_memory=256 << 20,
+                                 kv_cache_fraction=0.0, use_graphs=False,
+                                 kv_cache_dtype="bfloat16", matmul_input_dtype="bfloat16",
+                                 cuda_prefill_gemm=gemm)  # fmt: skip
+        logits[gemm] = teacher_forced_logits(runner, ids, [512, 88])
+        del runner
+    assert launched
+    np.testing.assert_array_equal(logits["wgmma"].view(np.uint32), logits["mma"].view(np.uint32))

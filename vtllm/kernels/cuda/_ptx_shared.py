@@ -10,6 +10,9 @@ integer instructions and registers per access).
       s[i .. i + 3] without passing through registers (`cp.async.cg.shared.global`, 16 bytes,
       cached in L2 only); both 16-byte aligned. Completion: _ptx's copy_async_commit and
       copy_async_waiter, then a barrier.
+  copy_async16_from(s, i, a, k): the same from a 1-D array, a[k .. k + 3]: a kernel that
+      keeps a flat offset per thread and steps it adds to one 64-bit address, where a[row,
+      col] recomputes row * stride + col.
   ldmatrix_x4(s, i) / ldmatrix_x4_trans(s, i): four 8 x 8 matrices of 16-bit items, one
       register a matrix (`ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16`). Every lane of the
       warp calls it; lane l names, by its i (a word index, 16-byte aligned), the 8 items (16
@@ -41,6 +44,10 @@ if SIMULATOR:
     def copy_async16_to(s, i, a, row, col):
         for u in range(4):
             s[i + u] = a[row, col + u]
+
+    def copy_async16_from(s, i, a, k):
+        for u in range(4):
+            s[i + u] = a[k + u]
 
     def _item16(s, row_at, col):
         return (int(s[row_at + col // 2]) >> (16 * (col % 2))) & 0xFFFF
@@ -118,16 +125,19 @@ else:
     def ldmatrix_x4_trans(typingctx, s, i):
         return types.UniTuple(types.uint32, 4)(s, i), _shared_load(4, _LDMATRIX.format(".trans"))
 
+    def _copy_async16(context, builder, sig, args):
+        """cp.async of 16 bytes to s[i] (args[:2]) from the item args[2:] names."""
+        dst = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        src = _pointer_at(context, builder, sig.args[2:], args[2:])
+        fnty = ir.FunctionType(ir.VoidType(), [_I32, src.type])
+        text = "cp.async.cg.shared.global [$0], [$1], 16;"
+        builder.call(ir.InlineAsm(fnty, text, "r,l,~{memory}", side_effect=True), [dst, src])
+        return context.get_dummy_value()
+
     @intrinsic
     def copy_async16_to(typingctx, s, i, a, row, col):
-        sig = types.void(s, i, a, row, col)
+        return types.void(s, i, a, row, col), _copy_async16
 
-        def codegen(context, builder, sig, args):
-            dst = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            src = _pointer_at(context, builder, sig.args[2:], args[2:])
-            fnty = ir.FunctionType(ir.VoidType(), [_I32, src.type])
-            text = "cp.async.cg.shared.global [$0], [$1], 16;"
-            builder.call(ir.InlineAsm(fnty, text, "r,l,~{memory}", side_effect=True), [dst, src])
-            return context.get_dummy_value()
-
-        return sig, codegen
+    @intrinsic
+    def copy_async16_from(typingctx, s, i, a, k):
+        return types.void(s, i, a, k), _copy_async16

@@ -5,17 +5,23 @@ A warpgroup is 4 consecutive warps (128 threads, the first warp's index a multip
 accumulators spread over the warpgroup's registers; it runs asynchronously, so a warp issues
 several and waits for them later.
 
-  wgmma_bf16_for(n)(p, a0, a1, a2, a3, s, i, accumulate): p = A @ B (+ p when accumulate
-      != 0) for the warpgroup, N = n columns of B (n a multiple of 8, 8 .. 256); p a float32
-      local array of n / 2 accumulators (registers once the kernel's loops are unrolled).
-      A from registers: warp w of the warpgroup holds rows 16 w .. 16 w + 15 as the A
-      fragments of mma.m16n8k16 (_ptx.mma_bf16's a0 .. a3), so a tile packed by
-      linear_mma.pack_bf16 feeds it as it is. B from shared memory, s[i ..] (s a uint32 shared
-      array, i a multiple of 4 words), laid out so: token n's 16 k values are two 16-byte rows
-      (k 0..7, k 8..15), 8 tokens' rows of one k half are 128 contiguous bytes, the two k halves
-      of 8 tokens 256 bytes: word b_word(n, h) = 64 (n // 8) + 32 h + 4 (n % 8). Accumulators
-      as mma's, per 8 columns: p[4 j] row g col 8 j + 2 t, p[4 j + 1] col + 1, p[4 j + 2] and
-      p[4 j + 3] the same at row g + 8 (rows of this warp's 16, g = lane // 4, t = lane % 4).
+  wgmma_bf16_for(n)(p, a0, a1, a2, a3, s, desc, accumulate): p = A @ B (+ p when
+      accumulate != 0) for the warpgroup, N = n columns of B (n a multiple of 8, 8 .. 256); p a
+      float32 local array of n / 2 accumulators (registers once the kernel's loops are
+      unrolled). A from registers: warp w of the warpgroup holds rows 16 w .. 16 w + 15 as the
+      A fragments of mma.m16n8k16 (_ptx.mma_bf16's a0 .. a3), so a tile packed by
+      linear_mma.pack_bf16 feeds it as it is. B from the uint32 shared array s at word i, named
+      by desc = b_descriptor(s, 0) + i // 4 (i a multiple of 4: a descriptor counts 16-byte
+      units, so a kernel makes the base one once and adds to it), laid out so: token n's 16 k
+      values are two 16-byte rows (k 0..7, k 8..15), 8 tokens' rows of one k half are 128
+      contiguous bytes, the two k halves of 8 tokens 256 bytes: word b_word(n, h) = 64 (n //
+      8) + 32 h + 4 (n % 8). Accumulators as mma's, per 8 columns: p[4 j] row g col 8 j + 2 t,
+      p[4 j + 1] col + 1, p[4 j + 2] and p[4 j + 3] the same at row g + 8 (rows of this warp's
+      16, g = lane // 4, t = lane % 4).
+  b_descriptor(s, i): the int64 shared-memory matrix descriptor of a B tile at s[i] (start
+      address, leading and stride byte offsets; no swizzle). Its start field holds the
+      address in 16-byte units in 14 bits, enough for the whole shared window, so adding to
+      it moves the start.
   wgmma_fence(): before a wgmma whose A registers or accumulators other instructions wrote
       (`wgmma.fence.sync.aligned`).
   wgmma_commit(): closes the group of this warpgroup's wgmmas issued since the last commit.
@@ -79,8 +85,12 @@ if SIMULATOR:
         word = int(s[i + b_word(n, k // 8) + (k % 8) // 2])
         return _bf16(word >> (16 * (k % 2)))
 
+    def b_descriptor(s, i):
+        return i // 4  # the start field alone: the stand-in below reads s itself
+
     def wgmma_bf16_for(cols):
-        def wgmma_bf16(p, a0, a1, a2, a3, s, i, accumulate):
+        def wgmma_bf16(p, a0, a1, a2, a3, s, desc, accumulate):
+            i = 4 * (int(desc) & 0x3FFF)
             tid, _ = _exchange((a0, a1, a2, a3))
             # this thread's rows g and g + 8 of its warp's 16: lanes 4 g .. 4 g + 3 hold them
             first = tid - tid % 32 + 4 * ((tid % 32) // 4)
@@ -158,13 +168,20 @@ else:
 
         return settle
 
-    def _b_descriptor(builder, addr):
-        """The 64-bit shared-memory matrix descriptor of a B tile at 32-bit shared address
-        addr: start address, leading (k) and stride (token) byte offsets, each in 16-byte
-        units; no swizzle."""
-        start = builder.and_(builder.lshr(addr, ir.Constant(_I32, 4)), ir.Constant(_I32, 0x3FFF))
-        low = builder.or_(start, ir.Constant(_I32, (B_LBO >> 4) << 16))
-        return builder.or_(builder.zext(low, _I64), ir.Constant(_I64, (B_SBO >> 4) << 32))
+    @intrinsic
+    def b_descriptor(typingctx, s, i):
+        """start address (14 bits of 16-byte units), leading (k) and stride (token) byte
+        offsets, each in 16-byte units; no swizzle."""
+
+        def codegen(context, builder, sig, args):
+            addr = shared_address(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            start = builder.and_(
+                builder.lshr(addr, ir.Constant(_I32, 4)), ir.Constant(_I32, 0x3FFF)
+            )
+            low = builder.or_(start, ir.Constant(_I32, (B_LBO >> 4) << 16))
+            return builder.or_(builder.zext(low, _I64), ir.Constant(_I64, (B_SBO >> 4) << 32))
+
+        return types.int64(s, i), codegen
 
     def wgmma_bf16_for(cols: int):
         if cols % 8 or not 8 <= cols <= 256:
@@ -179,13 +196,12 @@ else:
         )
 
         @intrinsic
-        def wgmma_bf16(typingctx, p, a0, a1, a2, a3, s, i, accumulate):
-            sig = types.void(p, a0, a1, a2, a3, s, i, accumulate)
+        def wgmma_bf16(typingctx, p, a0, a1, a2, a3, s, desc, accumulate):
+            sig = types.void(p, a0, a1, a2, a3, s, desc, accumulate)
 
             def codegen(context, builder, sig, args):
                 regs = _cast_all(context, builder, args[1:5], sig.args[1:5], types.uint32)
-                addr = shared_address(context, builder, sig.args[5], args[5], sig.args[6], args[6])
-                desc = _b_descriptor(builder, addr)
+                desc = context.cast(builder, args[6], sig.args[6], types.int64)
                 acc = context.cast(builder, args[7], sig.args[7], types.int32)
                 _through_asm(context, builder, sig.args[0], args[0], count, text,
                              [_I32] * 4 + [_I64, _I32], regs + [desc, acc],

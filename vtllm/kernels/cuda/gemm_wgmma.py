@@ -24,7 +24,10 @@ Bits: linear_mma's order (see gemm_mma): K tiles residue class by residue class 
 running totals (registers here) in class order, then the bias. Each K tile is one k16 step
 c = A @ B + c, as mma.m16n8k16 does it; whether the two instructions round alike is measured
 on the card (tests/kernels_cuda/test_gemm_wgmma.py), not assumed: they do (0 outputs differ
-from linear_mma on the 8B shapes, H100; BENCHMARKS.md).
+from linear_mma on the 8B shapes, H100; BENCHMARKS.md). A class's first step here ignores p
+(scale-d 0) instead of adding +0: the same sum, except that a zero may come out -0 where +0
++ -0 gives +0; the first class's fold adds +0, and later folds add to a total that is never
+-0, so the totals' bits are linear_mma's.
 
 The model takes it where asked (VT_CUDA_PREFILL_GEMM=wgmma; DeviceWeight.matmul), not by
 default: its first version ran at 0.66-0.82x gemm_mma's speed (wgmmas drained every K tile);
@@ -42,9 +45,10 @@ from vtllm.kernels.cuda._ptx import (
     grid_dependency_sync,
     pack_bf16x2,
 )
-from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x4
+from vtllm.kernels.cuda._ptx_shared import copy_async16_from, shared_u32x4
 from vtllm.kernels.cuda._ptx_wgmma import (
     WGMMA,
+    b_descriptor,
     b_word,
     proxy_fence,
     wgmma_bf16_for,
@@ -88,30 +92,31 @@ _wait_copies = copy_async_waiter(STAGES - 3)
 
 
 @cuda.jit(device=True)
-def _copy_tile(ops, at, kt, xw, packed, a_row, x_rows, x_at, tid):
+def _copy_tile(ops, at, kt, xw, packed, w_at, x_from, x_at, tid):
     """Copies K tile kt of the block's W tiles and tokens to ops[at ..]: W chunk tid (tile
     tid // 32, lane tid % 32, fragment order), then x chunks tid, tid + THREADS, .. (token c //
-    2, k half c % 2, to its b_word place)."""
-    copy_async16_to(ops, at + 4 * tid, packed, a_row, kt * TILE_WORDS + 4 * (tid % 32))
+    2, k half c % 2, to its b_word place). xw and packed are flat; w_at and x_from are this
+    thread's offsets in them at K tile 0."""
+    copy_async16_from(ops, at + 4 * tid, packed, int32(w_at + kt * TILE_WORDS))
     for u in range(X_COPIES):
         c = tid + u * THREADS
         if X_CHUNKS % THREADS == 0 or c < X_CHUNKS:
-            copy_async16_to(ops, at + x_at[u], xw, x_rows[u], 8 * kt + 4 * (c % 2))
+            copy_async16_from(ops, at + x_at[u], xw, int32(x_from[u] + 8 * kt))
 
 
 @cuda.jit(device=True)
 def _advance(kt, r, residues, ktiles):
     """The K tile after kt (class r) in the summation order, and its class."""
-    kt += residues
+    kt = int32(kt + residues)
     if kt >= ktiles:
-        r += 1
+        r = int32(r + 1)
         kt = r
     return kt, r
 
 
 @cuda.jit(device=True, **_INLINE)
-def _stage(s, fa, p, total, kt, r, fresh, here, load_kt, load_r, ops, xw, packed, a_row,
-           x_rows, x_at, tid, ktiles, residues):  # fmt: skip
+def _stage(s, fa, p, total, kt, r, fresh, here, load_kt, load_r, ops, b_desc, xw, packed,
+           w_at, x_from, x_at, tid, ktiles, residues):  # fmt: skip
     """Stage s (its slot at ops[here ..]): refill the slot of stage s - 2, issue the stage's
     wgmmas as one group with A fragments in fa, fold each class that ends in it, then wait
     until only this stage's group is in flight. Returns (kt, r, fresh, here, load_kt, load_r)
@@ -120,31 +125,33 @@ def _stage(s, fa, p, total, kt, r, fresh, here, load_kt, load_r, ops, xw, packed
     _wait_copies()
     proxy_fence()  # this thread's copies, read next by the tensor cores
     cuda.syncthreads()
+    # K tiles from this stage's first to the end, and from the first of the stage refilled
+    left = int32(ktiles - s * STAGE_TILES)
+    ahead_left = int32(left - (STAGES - 2) * STAGE_TILES)
     # refill the slot stage s - 2 used (its wgmmas have completed: see the docstring)
-    ahead = s + STAGES - 2
-    refill = here + (STAGES - 2) * STAGE_WORDS
+    refill = int32(here + (STAGES - 2) * STAGE_WORDS)
     if refill >= STAGES * STAGE_WORDS:
-        refill -= STAGES * STAGE_WORDS
+        refill = int32(refill - STAGES * STAGE_WORDS)
     for t in range(STAGE_TILES):
-        if ahead * STAGE_TILES + t < ktiles:
-            _copy_tile(ops, refill + t * TILE_SPAN, load_kt, xw, packed, a_row, x_rows, x_at,
+        if t < ahead_left:
+            _copy_tile(ops, refill + t * TILE_SPAN, load_kt, xw, packed, w_at, x_from, x_at,
                        tid)  # fmt: skip
             load_kt, load_r = _advance(load_kt, load_r, residues, ktiles)
     copy_async_commit()
     # the stage's A fragments first, then its wgmmas back to back in one group: the tensor
     # cores get STAGE_TILES of them in flight per warpgroup, plus the stage before
     for t in range(STAGE_TILES):
-        if s * STAGE_TILES + t < ktiles:
+        if t < left:
             at = here + t * TILE_SPAN + warp * TILE_WORDS + 4 * lane
             fa[4 * t], fa[4 * t + 1], fa[4 * t + 2], fa[4 * t + 3] = shared_u32x4(ops, at)
     wgmma_fence()
     for t in range(STAGE_TILES):
-        if s * STAGE_TILES + t < ktiles:
-            b_at = here + t * TILE_SPAN + A_WORDS
-            _wgmma(p, fa[4 * t], fa[4 * t + 1], fa[4 * t + 2], fa[4 * t + 3], ops, b_at,
-                   1 - fresh)  # fmt: skip
+        if t < left:
+            b_at = int32(here + t * TILE_SPAN + A_WORDS)  # (words: a multiple of 4)
+            _wgmma(p, fa[4 * t], fa[4 * t + 1], fa[4 * t + 2], fa[4 * t + 3], ops,
+                   b_desc + (b_at >> 2), 1 - fresh)  # fmt: skip
             fresh = 0
-            kt += residues
+            kt = int32(kt + residues)
             if kt >= ktiles:  # class r is complete: fold it; the next wgmma starts afresh
                 wgmma_commit()
                 _settle(p)
@@ -152,21 +159,23 @@ def _stage(s, fa, p, total, kt, r, fresh, here, load_kt, load_r, ops, xw, packed
                     total[e] = p[e] + np.float32(0.0) if r == 0 else total[e] + p[e]
                 fresh = 1
                 wgmma_fence()
-                r += 1
+                r = int32(r + 1)
                 kt = r
     wgmma_commit()
     _wait_one()  # the stage before has completed (its slot is refilled two stages on)
-    here += STAGE_WORDS
+    here = int32(here + STAGE_WORDS)
     if here == STAGES * STAGE_WORDS:
-        here = 0
+        here = int32(0)
     return kt, r, fresh, here, load_kt, load_r
 
 
 @cuda.jit(cache=True, **_REGISTERS)
-def _gemm_kernel(xw, packed, bias, has_bias, out, residues):
+def _gemm_kernel(xw, kwords, packed, wwords, bias, has_bias, out, slices):
     grid_dependency_sync()
     M, N = out.shape
-    ktiles = xw.shape[1] // 8
+    # int32 index arithmetic in the loop (numba's default, int64, takes two instructions a
+    # step: a stage's setup was 234 SASS instructions, 164 so; BENCHMARKS.md)
+    ktiles, residues = int32(kwords // 8), int32(slices)
     nstages = -(-ktiles // STAGE_TILES)
     tid = cuda.threadIdx.x
     warp, lane = tid // 32, tid % 32
@@ -180,37 +189,39 @@ def _gemm_kernel(xw, packed, bias, has_bias, out, residues):
         total[e] = np.float32(0.0)
     # where this thread copies from and to, the same for every K tile (past W's end or the
     # last token, the last one again: those results are not written)
-    a_row = imin(nt0 + tid // 32, N // 16 - 1)
-    x_rows = cuda.local.array(X_COPIES, int32)
+    w_at = int32(imin(nt0 + tid // 32, N // 16 - 1) * wwords + 4 * (tid % 32))
+    x_from = cuda.local.array(X_COPIES, int32)
     x_at = cuda.local.array(X_COPIES, int32)
     for u in range(X_COPIES):
         c = tid + u * THREADS
-        x_rows[u] = imin(t0 + c // 2, M - 1)
+        x_from[u] = imin(t0 + c // 2, M - 1) * kwords + 4 * (c % 2)
         x_at[u] = A_WORDS + b_word(c // 2 % TOKENS, c % 2)
 
-    load_r = load_kt = 0
+    load_r = load_kt = int32(0)
     for s in range(STAGES - 2):
         for t in range(STAGE_TILES):
             if s * STAGE_TILES + t < ktiles:
                 at = s * STAGE_WORDS + t * TILE_SPAN
-                _copy_tile(ops, at, load_kt, xw, packed, a_row, x_rows, x_at, tid)
+                _copy_tile(ops, at, load_kt, xw, packed, w_at, x_from, x_at, tid)
                 load_kt, load_r = _advance(load_kt, load_r, residues, ktiles)
         copy_async_commit()
 
-    r = kt = 0
+    r = kt = int32(0)
     fresh = 1  # the next wgmma starts a class (scale-d 0: it ignores p)
-    here = 0  # stage s's slot, stepped rather than divided
+    here = int32(0)  # stage s's slot, stepped rather than divided
+    b_desc = b_descriptor(ops, 0)  # B tiles' descriptors: this one plus their offsets
     # stages in pairs, each with its own A fragments (the docstring's (2))
     fa0 = cuda.local.array(A_FRAGS, uint32)  # registers: constant indices
     fa1 = cuda.local.array(A_FRAGS, uint32)
-    for s in range(0, nstages, 2):
+    for s2 in range(0, nstages, 2):
+        s = int32(s2)
         kt, r, fresh, here, load_kt, load_r = _stage(
-            s, fa0, p, total, kt, r, fresh, here, load_kt, load_r, ops, xw, packed, a_row,
-            x_rows, x_at, tid, ktiles, residues)  # fmt: skip
+            s, fa0, p, total, kt, r, fresh, here, load_kt, load_r, ops, b_desc, xw, packed,
+            w_at, x_from, x_at, tid, ktiles, residues)  # fmt: skip
         if s + 1 < nstages:
             kt, r, fresh, here, load_kt, load_r = _stage(
-                s + 1, fa1, p, total, kt, r, fresh, here, load_kt, load_r, ops, xw, packed,
-                a_row, x_rows, x_at, tid, ktiles, residues)  # fmt: skip
+                int32(s + 1), fa1, p, total, kt, r, fresh, here, load_kt, load_r, ops, b_desc,
+                xw, packed, w_at, x_from, x_at, tid, ktiles, residues)  # fmt: skip
     _settle(p)  # all complete already (the last class was settled); said for ptxas: (1)
     # linear_mma's idle warps add +0 when there are fewer K tiles than slices (-0 to +0)
     zero_fix = ktiles < residues
@@ -290,9 +301,14 @@ def gemm_wgmma(xw, w: PackedBF16, out, *, bias=None, stream=0) -> None:
     else:
         check("gemm_wgmma", "bias", bias, np.float32, 1, (n,))
         bias_arg = bias
+    if max(xw.size, w.data.size) >= 1 << 31:
+        raise ValueError("gemm_wgmma: xw and packed W must hold fewer than 2**31 words")
     if m == 0:
         return
-    args = (xw, w.data, bias_arg, bias is not None, out, w.slices)
+    # flat views: a thread steps one offset per matrix (its row's start plus the K tile's)
+    xw_flat, w_flat = xw.reshape(xw.size), w.data.reshape(w.data.size)
+    args = (xw_flat, xw.shape[1], w_flat, w.data.shape[1], bias_arg, bias is not None, out,
+            w.slices)  # fmt: skip
     allow_dynamic_shared(_gemm_kernel, args, SHARED_BYTES)
     grid = (-(-m // TOKENS), -(-(n // 16) // BLOCK_TILES))
     _gemm_kernel[grid, THREADS, stream, SHARED_BYTES](*args)

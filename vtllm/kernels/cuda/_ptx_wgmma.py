@@ -12,7 +12,8 @@ several and waits for them later.
       A fragments of mma.m16n8k16 (_ptx.mma_bf16's a0 .. a3), so a tile packed by
       linear_mma.pack_bf16 feeds it as it is. B from the uint32 shared array s at word i, named
       by desc = b_descriptor(s, 0) + i // 4 (i a multiple of 4: a descriptor counts 16-byte
-      units, so a kernel makes the base one once and adds to it), laid out so: token n's 16 k
+      units, so a kernel makes the base one once and adds to it; s itself is read only by
+      the simulator's stand-in), laid out so: token n's 16 k
       values are two 16-byte rows (k 0..7, k 8..15), 8 tokens' rows of one k half are 128
       contiguous bytes, the two k halves of 8 tokens 256 bytes: word b_word(n, h) = 64 (n //
       8) + 32 h + 4 (n % 8). Accumulators as mma's, per 8 columns: p[4 j] row g col 8 j + 2 t,

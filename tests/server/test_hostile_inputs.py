@@ -123,6 +123,14 @@ CASES = [
     ("prompt-id-then-float", C, _c(prompt=[1, 2.5]), None, 400, "prompt"),
     ("prompt-ids-then-null", C, _c(prompt=[[1, 2], [3, None]]), None, 400, "prompt"),
     ("prompt-object", C, _c(prompt={"a": 1}), None, 400, "prompt"),
+    ("prompt-id-1e400", C, b'{"prompt": [1, 1e400]}', J, 400, "prompt[1]"),
+    ("prompt-ids-over-context", C, _c(prompt=[1] * 5000), None, 400, "prompt"),
+    ("prompt-id-then-commas", C, _c(prompt=[1, "a," * 5000]), None, 400, "prompt"),
+    # messages shapes (decoded apart from the body, see protocol.py)
+    ("messages-str", CC, _cc(messages="hi"), None, 400, "messages"),
+    ("messages-empty", CC, _cc(messages=[]), None, 400, "messages"),
+    ("messages-2049", CC, _cc(messages=MSG * 2049), None, 400, "messages"),
+    ("messages-1e400", CC, b'{"messages": [{"role": "user", "content": 1e400}]}', J, 400, None),
     # fan-out: prompts x n stays under a cap
     ("fan-out", C, _c(prompt=["a"] * 5, n=16, temperature=1.0), None, 400, "n"),
     ("fan-out-64x2", C, _c(prompt=["a"] * 64, n=2, temperature=1.0), None, 400, "n"),

@@ -18,23 +18,10 @@ Small requests stay on the loop, where the thread hop would cost more than the w
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from vtllm.server.validate import MAX_PROMPTS
-
 PREPROCESS_THREADS = 2
-SMALL_WORK = 20_000  # characters or token ids checked and tokenized on the event loop
+SMALL_WORK = 20_000  # bytes of prompt checked and tokenized on the event loop
 
 _pool = ThreadPoolExecutor(PREPROCESS_THREADS, "vt-preprocess")
-
-
-def completion_work(prompt) -> int:
-    """How much checking and tokenizing a completion prompt asks for, in O(MAX_PROMPTS)."""
-    if isinstance(prompt, str):
-        return len(prompt)
-    if not isinstance(prompt, list):
-        return 0
-    if len(prompt) > MAX_PROMPTS:  # token ids, or too many prompts (refused at once)
-        return len(prompt)
-    return sum(len(p) if isinstance(p, str | list) else 1 for p in prompt)
 
 
 async def run(fn, work: int | None = None):

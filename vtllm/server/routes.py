@@ -126,7 +126,7 @@ async def completions(request: Request) -> Response:
             state.max_model_len,
         )
         # Up to a body's worth of text (MiBs) to tokenize: off the event loop when long.
-        prompts = await preprocess.run(prompts_of, preprocess.completion_work(req.prompt))
+        prompts = await preprocess.run(prompts_of, len(req.prompt))
         check_fan_out(len(prompts), params.n)
         admit_prompt_tokens(state, sum(len(p) for p in prompts) * params.n)
         sub = submit(state.loop, prompts, params, "cmpl")

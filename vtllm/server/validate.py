@@ -1,5 +1,7 @@
 """Request bodies -> (prompts as token ids, SamplingParams), each error naming its param."""
 
+import msgspec
+
 from vtllm.errors import ContextLengthExceeded, InvalidParameter
 from vtllm.scheduler.sampling_params import SamplingParams
 from vtllm.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -15,18 +17,53 @@ MAX_TEMPERATURE = 2.0
 ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
+_ANY = msgspec.json.Decoder()
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_INT_LIST_BYTES = b"0123456789-, \t\r\n"  # all a JSON list of integers is made of, but [ ]
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _decoded(raw: msgspec.Raw, name: str):
+    """A field protocol.py left undecoded, as Python values; an error names the field."""
+    try:
+        return _ANY.decode(raw)
+    except msgspec.ValidationError as exc:  # a number out of range: "... - at `$[3]`"
+        raise msgspec.ValidationError(str(exc).replace("at `$", f"at `$.{name}", 1)) from None
+
+
+def _too_many_ids(raw: msgspec.Raw, max_len: int) -> int | None:
+    """How many ids a flat list of integers holds when that is more than `max_len`, from its
+    bytes alone: a 4 MiB body holds two million of them (None: fewer, or another shape)."""
+    if len(raw) < 2 * max_len + 1:  # "[1,1,...,1]": two bytes an id at the least
+        return None
+    data = bytes(raw)  # valid JSON (msgspec checked it while skipping over it)
+    if data.translate(None, _INT_LIST_BYTES) != b"[]":
+        return None
+    count = data.count(b",") + 1  # no strings or nested lists: each comma parts two ids
+    return count if count > max_len else None
+
+
+def _context_exceeded(max_len: int, count: int) -> ContextLengthExceeded:
+    return ContextLengthExceeded(
+        f"This model's maximum context length is {max_len} tokens. However, a "
+        f"prompt holds {count} tokens. Please reduce the prompt.",
+        param="prompt",
+    )
 
 
 def completion_prompts(
     req: CompletionRequest, tokenizer, vocab: int, max_chars: int, max_len: int = 1 << 62
 ):
     """Every prompt of a completion request as token ids (tokenizing text). A token-id prompt
-    longer than `max_len` (the context) is refused before its ids are looked at one by one:
-    a 4 MiB body holds two million of them."""
-    prompt = req.prompt
-    if prompt is None or prompt.__class__.__name__ == "UnsetType":
+    longer than `max_len` (the context) is refused from its bytes, before it is decoded."""
+    count = _too_many_ids(req.prompt, max_len)
+    if count is not None:
+        raise _context_exceeded(max_len, count)
+    prompt = _decoded(req.prompt, "prompt") if len(req.prompt) else None
+    if prompt is None:
         raise InvalidParameter("prompt is required", param="prompt")
     if isinstance(prompt, str):
         prompts = [prompt]
@@ -49,18 +86,10 @@ def completion_prompts(
             check_fits(tokenizer, p, max_len)
             out.append(tokenizer.encode(p))
             if len(out[-1]) > max_len:  # refused now, not after tokenizing the other prompts
-                raise ContextLengthExceeded(
-                    f"This model's maximum context length is {max_len} tokens. However, a "
-                    f"prompt holds {len(out[-1])} tokens. Please reduce the prompt.",
-                    param="prompt",
-                )
+                raise _context_exceeded(max_len, len(out[-1]))
         elif isinstance(p, list) and p and _is_int(p[0]):
             if len(p) > max_len:
-                raise ContextLengthExceeded(
-                    f"This model's maximum context length is {max_len} tokens. However, a "
-                    f"prompt holds {len(p)} tokens. Please reduce the prompt.",
-                    param="prompt",
-                )
+                raise _context_exceeded(max_len, len(p))
             if not all(_is_int(t) for t in p):
                 raise InvalidParameter(
                     "each prompt is a string or a list of token ids", param="prompt"
@@ -85,11 +114,15 @@ def check_fits(tokenizer, text: str, max_len: int) -> None:
 
 
 def chat_messages(req: ChatCompletionRequest, max_chars: int) -> list[dict]:
-    messages = req.messages
-    if not isinstance(messages, list) or not messages:
+    try:  # counted as undecoded items first: 100k messages are refused without building them
+        items = _ITEMS.decode(req.messages) if len(req.messages) else None
+    except msgspec.ValidationError:  # not a list
+        items = None
+    if not items:
         raise InvalidParameter("messages must be a non-empty list", param="messages")
-    if len(messages) > MAX_MESSAGES:
+    if len(items) > MAX_MESSAGES:
         raise InvalidParameter(f"at most {MAX_MESSAGES} messages", param="messages")
+    messages = _decoded(req.messages, "messages")
     clean, total = [], 0
     for i, message in enumerate(messages):
         if not isinstance(message, dict):

@@ -36,10 +36,11 @@ pytestmark = [
 
 ROWS = 16 * BLOCK_TILES  # one block's rows of W
 # (N, K): a single tile (fewer K tiles than residues); a partial row block, K tiles not a
-# multiple of the residues; two row blocks, more K tiles than the stages hold at once; on the
-# GPU a narrow W with a long K (WIDE_WARPS residues in linear_mma) and the 8B shapes
+# multiple of the residues; more K tiles than the stages hold at once (one past them: the
+# refills wrap around the ring of stage slots); on the GPU a narrow W with a long K
+# (WIDE_WARPS residues in linear_mma) and the 8B shapes
 SHAPES = [(16, 16), (ROWS + 16, 16 * (RESIDUES + 1))]
-SHAPES += [(2 * ROWS, 16 * (STAGES * STAGE_TILES + RESIDUES + 1))]
+SHAPES += [(ROWS, 16 * (STAGES * STAGE_TILES + 1))]
 if not SIMULATOR:  # (the simulator runs a block's 128 threads in Python: minutes a shape)
     SHAPES += [(32, 16 * (WIDE_WARPS * UNROLL + 3))]
     SHAPES += [(4096, 4096), (160, 14336), (6144 + 16, 4096 + 48)]

@@ -80,7 +80,7 @@ def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta, fused_by=attention_s
 
 MODULES = {"split": attention_split, "ring": attention_ring}
 KVS, TARGETS = ("float32", "bfloat16"), ("default", 1)
-if SIMULATOR:  # every pair of two factors' values once (a case is ~40 s there), not all 24
+if SIMULATOR:  # any two factors meet in each pair of their values (~40 s a case there)
     CASES = [(0, "split", 0, 0), (0, "ring", 1, 1), (1, "split", 1, 1), (1, "ring", 0, 0)]
     CASES += [(2, "split", 0, 1), (2, "ring", 1, 0)]
 else:

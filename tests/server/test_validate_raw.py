@@ -9,8 +9,12 @@ from vtllm.server.protocol import ChatCompletionRequest, CompletionRequest
 from vtllm.server.validate import _too_many_ids, chat_messages, completion_prompts
 
 
+def _raw_text(text: bytes) -> msgspec.Raw:
+    return msgspec.json.decode(b'{"v": ' + text + b"}", type=dict[str, msgspec.Raw])["v"]
+
+
 def _raw(value) -> msgspec.Raw:
-    return msgspec.json.decode(msgspec.json.encode({"v": value}), type=dict[str, msgspec.Raw])["v"]
+    return _raw_text(msgspec.json.encode(value))
 
 
 @pytest.mark.parametrize(
@@ -22,7 +26,7 @@ def _raw(value) -> msgspec.Raw:
     ],
 )
 def test_a_flat_id_list_is_counted_from_its_bytes(text, count):
-    raw = msgspec.json.decode(b'{"v": ' + text + b"}", type=dict[str, msgspec.Raw])["v"]
+    raw = _raw_text(text)
     assert _too_many_ids(raw, count - 1) == count
     assert _too_many_ids(raw, count) is None  # not more than the context: decoded as usual
 

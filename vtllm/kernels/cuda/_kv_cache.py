@@ -214,8 +214,9 @@ else:
             outs = ",".join(f"${k}" for k in range(n))
             fnty = ir.FunctionType(ir.LiteralStructType([_I32] * n), [_I32])
             # a side effect: kept after the wait and barrier that publish the copy
-            asm = ir.InlineAsm(fnty, f"ld.shared.v{n}.u32 {{{outs}}}, [${n}];", "=r," * n + "r",
-                               side_effect=True)  # fmt: skip
+            asm = ir.InlineAsm(
+                fnty, f"ld.shared.v{n}.u32 {{{outs}}}, [${n}];", "=r," * n + "r", side_effect=True
+            )
             res = builder.call(asm, [addr])
             words = [builder.extract_value(res, k) for k in range(n)]
             if n == 4:

@@ -35,10 +35,11 @@
       as the blocks of the kernel before it exit, before that kernel has completed; this
       waits until it has and its writes are visible (`griddepcontrol.wait`). Outside such a
       graph it returns at once. No kernel signals its dependents early
-      (`griddepcontrol.launch_dependents`): blocks launched early to wait took SM room from
-      the running kernel, Qwen3-0.6B decode at batch 8 ran 11% slower (BENCHMARKS.md). The
-      instruction needs sm_90: GRID_DEPENDENCY says whether the kernels carry it (not on older
-      GPUs, nor in the simulator), and only then may a graph's edges be programmatic.
+      (`griddepcontrol.launch_dependents`): blocks launched early only to wait take SM room
+      from the running kernel, which slows decode down (BENCHMARKS.md, GPU decode and
+      prefill). The instruction needs sm_90: GRID_DEPENDENCY says whether the kernels carry
+      it (not on older GPUs, nor in the simulator), and only then may a graph's edges be
+      programmatic.
 
 numba's simulator has no inline PTX: there the loads are plain indexing and the mma is
 computed in float64 from the whole warp's fragments, exchanged through the block like the
@@ -136,8 +137,8 @@ else:
     _I32, _F32 = ir.IntType(32), ir.FloatType()
 
     def _sm90_or_later() -> bool:
-        """Whether the GPU runs griddepcontrol; with none visible (an offline compile for the
-        H200, tools/kernel_report.py), assume it does."""
+        """Whether the GPU runs griddepcontrol; with none visible (an offline compile for
+        sm_90, tools/kernel_report.py), assume it does."""
         if not cuda.is_available():
             return True
         return cuda.get_current_device().compute_capability >= (9, 0)
@@ -180,8 +181,9 @@ else:
 
             def codegen(context, builder, sig, args):
                 ptr = _item_pointer(context, builder, sig, args)
-                return _asm_tuple(context, builder, sig, text, constraints, llvm_type,
-                                  [ptr.type], [ptr])  # fmt: skip
+                return _asm_tuple(
+                    context, builder, sig, text, constraints, llvm_type, [ptr.type], [ptr]
+                )
 
             return sig, codegen
 
@@ -194,8 +196,9 @@ else:
     def _asm_void(builder, text, constraints, in_types, values):
         """Inline PTX with no result, kept in place (side effects) and ordered against memory."""
         fnty = ir.FunctionType(ir.VoidType(), in_types)
-        asm = ir.InlineAsm(fnty, text, constraints + ("," if constraints else "") + "~{memory}",
-                           side_effect=True)  # fmt: skip
+        asm = ir.InlineAsm(
+            fnty, text, constraints + ("," if constraints else "") + "~{memory}", side_effect=True
+        )
         builder.call(asm, values)
 
     def _statement(text: str | None):

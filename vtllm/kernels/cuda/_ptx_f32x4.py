@@ -10,8 +10,8 @@ and four bank passes where one 128-bit access takes one per eight lanes). The KV
       16-byte aligned (`st.global.v4.f32`): one address computation and one store, not four.
   The shared accesses address s[i] as a 32-bit shared-window address: the array's base is
   converted once (it does not change in a loop, so the conversion is hoisted) and 4 i added in
-  32 bits, where a 64-bit generic pointer per access, converted inside the access, cost about
-  ten integer instructions per 128-bit load in the attention kernels' inner loops.
+  32 bits, where a 64-bit generic pointer per access, converted inside the access, costs
+  about ten integer instructions per 128-bit load in the attention kernels' inner loops.
 
 Under numba's simulator they are plain indexing.
 """
@@ -83,8 +83,9 @@ else:
             vals = _cast_all(context, builder, args[2:], sig.args[2:], types.float32)
             text = "st.global.v4.f32 [$0], {$1,$2,$3,$4};"
             fnty = ir.FunctionType(ir.VoidType(), [ptr.type] + [_F32] * 4)
-            builder.call(ir.InlineAsm(fnty, text, "l,f,f,f,f,~{memory}", side_effect=True),
-                         [ptr] + vals)  # fmt: skip
+            builder.call(
+                ir.InlineAsm(fnty, text, "l,f,f,f,f,~{memory}", side_effect=True), [ptr] + vals
+            )
             return context.get_dummy_value()
 
         return sig, codegen

@@ -85,8 +85,8 @@ else:
         hands it around as a generic pointer; the cast back to the shared window is pure, so
         LLVM hoists it out of loops). Taken as an element offset from the base pointer, not
         base + 4 i: the constant part of i then ends up as the load's immediate offset, where
-        (i + c) * 4 cost two integer instructions per access (H200: decode attention ~10%,
-        the prefill GEMM ~11% faster; BENCHMARKS.md)."""
+        (i + c) * 4 costs two integer instructions per access, which the attention and GEMM
+        inner loops feel."""
         ary = context.make_array(aryty)(context, builder, ary_value)
         shared = builder.addrspacecast(ary.data, ir.PointerType(ary.data.type.pointee, 3))
         i = context.cast(builder, index_value, index_type, types.int64)

@@ -140,8 +140,9 @@ else:
     def wgmma_waiter(n: int):
         return _statement(f"wgmma.wait_group.sync.aligned {int(n)};")
 
-    def _through_asm(context, builder, aryty, ary, count, text, in_types=(), in_values=(),
-                     in_constraints=()):  # fmt: skip
+    def _through_asm(
+        context, builder, aryty, ary, count, text, in_types=(), in_values=(), in_constraints=()
+    ):
         """Loads the count accumulators of the local array ary, runs text with them as tied
         operands $0 .. (results) and then the other inputs ($count ..), and stores the
         results back: side effects and a memory clobber keep it in program order."""
@@ -204,9 +205,17 @@ else:
                 regs = _cast_all(context, builder, args[1:5], sig.args[1:5], types.uint32)
                 desc = context.cast(builder, args[6], sig.args[6], types.int64)
                 acc = context.cast(builder, args[7], sig.args[7], types.int32)
-                _through_asm(context, builder, sig.args[0], args[0], count, text,
-                             [_I32] * 4 + [_I64, _I32], regs + [desc, acc],
-                             ["r"] * 4 + ["l", "r"])  # fmt: skip
+                _through_asm(
+                    context,
+                    builder,
+                    sig.args[0],
+                    args[0],
+                    count,
+                    text,
+                    [_I32] * 4 + [_I64, _I32],
+                    regs + [desc, acc],
+                    ["r"] * 4 + ["l", "r"],
+                )
                 return context.get_dummy_value()
 
             return sig, codegen

@@ -1,6 +1,6 @@
 """Dynamic shared memory above 48 KB for a numba kernel.
 
-A kernel may use up to 227 KB of shared memory a block on the H200, but the driver refuses a
+A kernel may use up to 227 KB of shared memory a block on sm_90, but the driver refuses a
 launch asking for more than 48 KB of dynamic shared memory unless the function's
 MAX_DYNAMIC_SHARED_SIZE_BYTES attribute was raised first, and numba's launcher does not do it.
 allow_dynamic_shared compiles the kernel for the launch's argument types (numba would on the

@@ -6,9 +6,10 @@ taken in tiles of that many, one key per thread for q . k, then an online softma
 and sum, rescaled per tile) and thread d accumulates column d of p @ V. Decode and prefill
 share it; GQA maps query head h to kv head h // (Hq // Hk).
 
-A first version for correctness: q . k reads each key row within one thread, and kv heads
-shared by several query heads are re-read from L2. A flash-decoding split over keys and a
-tensor-core prefill are the later fast paths.
+The general kernel, for correctness on any shape: q . k reads each key row within one
+thread, and kv heads shared by several query heads are re-read from L2. The fast paths for
+the shapes they support are attention_split / attention_ring (flash-decoding over key splits)
+and, where asked, attention_flash (tensor cores); see paged_attention.
 
 Metadata lives on the device, so launchers check only dtypes and shapes; the kernels skip
 what is out of range instead of raising: slot -1 (padding) in write_kv, rows of q outside every
@@ -35,7 +36,7 @@ from vtllm.kernels.cuda._kv_cache import check_kv, kv_store, kv_value
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 WRITE_THREADS = 32 if SIMULATOR else 128
-MAX_THREADS = 512  # so head_dim <= 512 (78 registers a thread: 1024 threads would not fit an SM)
+MAX_THREADS = 512  # so head_dim <= 512 (over 64 registers a thread: 1024 would not fit an SM)
 
 
 @cuda.jit(cache=True)
@@ -157,8 +158,7 @@ def check_attention(op, q, out, k_cache, v_cache, block_tables, seq_lens, query_
     check(op, "block_tables", block_tables, np.int32, 2)
     check(op, "seq_lens", seq_lens, np.int32, 1)
     check(op, "query_start_loc", query_start_loc, np.int32, 1)
-    check_attention_shapes(op, q, out, k_cache, v_cache, block_tables, seq_lens,
-                           query_start_loc)  # fmt: skip
+    check_attention_shapes(op, q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc)
     d = q.shape[2]
     if d > MAX_THREADS:
         raise ValueError(f"{op}: head_dim {d} > {MAX_THREADS} is not supported")
@@ -180,9 +180,20 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, *, stream=0) -> None:
 
 
 def paged_attention(
-    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, *, scratch=None,
-    split=True, flash=False, stream=0,
-) -> None:  # fmt: skip
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    *,
+    scratch=None,
+    split=True,
+    flash=False,
+    stream=0,
+) -> None:
     """Causal attention of q [T, Hq, D] over the paged cache (float32, or bf16 bits as uint16:
     _kv_cache); out [T, Hq, D]. Device arrays.
 
@@ -199,8 +210,9 @@ def paged_attention(
     that would go to the prefill kernel go to attention_flash's where it `supports` the cache
     and shape (tensor cores; other bits, see there).
     """
-    check_attention("paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens,
-                    query_start_loc)  # fmt: skip
+    check_attention(
+        "paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc
+    )
     t, hq, d = q.shape
     s = seq_lens.shape[0]
     if s == 0 or t == 0:
@@ -210,8 +222,9 @@ def paged_attention(
     if split and attention_split.supports(hq, k_cache.shape[2], d):
         meta = (block_tables, seq_lens, query_start_loc)
         kernels = attention_ring if t >= attention_ring.MIN_ROWS else attention_split
-        kernels.split_attention(q, k_cache, v_cache, *meta, scale, out, scratch, flash=flash,
-                                stream=stream)  # fmt: skip
+        kernels.split_attention(
+            q, k_cache, v_cache, *meta, scale, out, scratch, flash=flash, stream=stream
+        )
         return
     threads = max(32, -(-d // 32) * 32)
     _paged_attention_kernel[(t, hq), threads, stream](

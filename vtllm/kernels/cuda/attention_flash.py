@@ -2,9 +2,9 @@
 flash-attention style; for runners that opt in (`cuda_flash_prefill`). Hot path: keep it lean.
 
 attention_prefill computes on CUDA cores with the decode kernels' bits (every token's output the
-same whichever kernel ran it); that costs ~20x torch's SDPA at 1,024-2,048 tokens and two
-thirds of a long prefill. Here the products run as mma.sync (bf16 inputs, float32 sums), which
-gives up those bits: q is rounded to bf16 (as an HF bf16 model does), and so are the softmax
+same whichever kernel ran it), which makes it far slower than tensor-core attention and the
+larger part of a long prefill. Here the products run as mma.sync (bf16 inputs, float32 sums),
+which gives up those bits: q is rounded to bf16 (as an HF bf16 model does), and so are the softmax
 weights p before p @ V (as flash attention does); scores, maxima, sums and the output stay
 float32. A row's result still depends on nothing but its own query and keys: keys go in tiles
 of KEYS from position 0 (not from the step's first token), each tile's max and sums are the
@@ -24,10 +24,10 @@ sum of each row (online softmax with exp2); p rounded to bf16 straight from the 
 into A fragments, and o += p V (V's B fragments by ldmatrix.trans). Out = o / sum at the end.
 Rows are (token, head) pairs as in attention_prefill, and tiles are launched heaviest first.
 
-On an H100 (BENCHMARKS.md): 5.4-7.2x attention_prefill at 1,024-4,096 tokens (Qwen3-0.6B and
-8B head shapes), 0.27-0.30x torch's SDPA; 247 registers (two blocks an SM), ~8 other
-instructions per HMMA in its key loop (SASS), so most likely bound by instruction issue, not by
-the tensor cores (not profiled).
+Several times faster than attention_prefill on long prompts, still behind torch's SDPA
+(BENCHMARKS.md, Kernels): two blocks fit an SM, and the key loop carries several other
+instructions per mma (masking, online softmax, packing p), so it is most likely bound by
+instruction issue rather than by the tensor cores.
 """
 
 import functools
@@ -93,8 +93,9 @@ def _kernel(D: int):
     PARTIAL_PASS = KEYS % LOAD_STEP != 0  # only where the simulator's small tiles need it
 
     @cuda.jit(device=True)
-    def load_tile(smem, at, k_words, v_words, block_tables, s, hk, Hk, bs, shift, lo, n_keys,
-                  key0, piece):  # fmt: skip
+    def load_tile(
+        smem, at, k_words, v_words, block_tables, s, hk, Hk, bs, shift, lo, n_keys, key0, piece
+    ):
         """Keys lo .. lo + KEYS - 1 of sequence s, kv head hk, to the stage at `at` (K rows,
         then V rows): cp.async for keys before n_keys, zeros past them (their p is 0, and 0
         times a stale NaN would not be). This thread copies 16-byte piece `piece` of keys
@@ -116,8 +117,19 @@ def _kernel(D: int):
                     smem[dst + KV_WORDS + word] = 0
 
     @cuda.jit(cache=True)
-    def kernel(q, k_words, v_words, block_tables, seq_lens, query_start_loc, scale_log2, out,
-               first_token, bs, Hk):  # fmt: skip
+    def kernel(
+        q,
+        k_words,
+        v_words,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale_log2,
+        out,
+        first_token,
+        bs,
+        Hk,
+    ):
         grid_dependency_sync()
         tile, hk = cuda.gridDim.x - 1 - cuda.blockIdx.x, cuda.blockIdx.y  # heaviest first
         tid = cuda.threadIdx.x
@@ -192,14 +204,41 @@ def _kernel(D: int):
             m_a, m_b = NEG_INF, NEG_INF
             l_a, l_b = np.float32(0.0), np.float32(0.0)
             n_tiles = (n_keys + KEYS - 1) // KEYS
-            load_tile(smem, 0, k_words, v_words, block_tables, s, hk, Hk, bs, shift, 0, n_keys,
-                      key0, piece)  # fmt: skip
+            load_tile(
+                smem,
+                0,
+                k_words,
+                v_words,
+                block_tables,
+                s,
+                hk,
+                Hk,
+                bs,
+                shift,
+                0,
+                n_keys,
+                key0,
+                piece,
+            )
             copy_async_commit()
             for kt in range(n_tiles):
                 if kt + 1 < n_tiles:
-                    load_tile(smem, ((kt + 1) % 2) * STAGE, k_words, v_words, block_tables, s,
-                              hk, Hk, bs, shift, (kt + 1) * KEYS, n_keys, key0,
-                              piece)  # fmt: skip
+                    load_tile(
+                        smem,
+                        ((kt + 1) % 2) * STAGE,
+                        k_words,
+                        v_words,
+                        block_tables,
+                        s,
+                        hk,
+                        Hk,
+                        bs,
+                        shift,
+                        (kt + 1) * KEYS,
+                        n_keys,
+                        key0,
+                        piece,
+                    )
                 copy_async_commit()
                 _wait_previous()
                 cuda.syncthreads()  # tile kt is in shared memory for every warp
@@ -212,12 +251,30 @@ def _kernel(D: int):
                         b0, b1, b2, b3 = ldmatrix_x4(smem, at + 16 * jp * RS + k_lane + 8 * c)
                         j = 2 * jp
                         sc[j, 0], sc[j, 1], sc[j, 2], sc[j, 3] = mma_bf16(
-                            qa[4 * c], qa[4 * c + 1], qa[4 * c + 2], qa[4 * c + 3], b0, b1,
-                            sc[j, 0], sc[j, 1], sc[j, 2], sc[j, 3])  # fmt: skip
+                            qa[4 * c],
+                            qa[4 * c + 1],
+                            qa[4 * c + 2],
+                            qa[4 * c + 3],
+                            b0,
+                            b1,
+                            sc[j, 0],
+                            sc[j, 1],
+                            sc[j, 2],
+                            sc[j, 3],
+                        )
                         j += 1
                         sc[j, 0], sc[j, 1], sc[j, 2], sc[j, 3] = mma_bf16(
-                            qa[4 * c], qa[4 * c + 1], qa[4 * c + 2], qa[4 * c + 3], b2, b3,
-                            sc[j, 0], sc[j, 1], sc[j, 2], sc[j, 3])  # fmt: skip
+                            qa[4 * c],
+                            qa[4 * c + 1],
+                            qa[4 * c + 2],
+                            qa[4 * c + 3],
+                            b2,
+                            b3,
+                            sc[j, 0],
+                            sc[j, 1],
+                            sc[j, 2],
+                            sc[j, 3],
+                        )
                 # scale (and mask, unless every row sees the whole tile); each row's max
                 # over the tile (its four lanes)
                 top_a, top_b = NEG_INF, NEG_INF
@@ -270,10 +327,12 @@ def _kernel(D: int):
                         b0, b1, b2, b3 = ldmatrix_x4_trans(smem, v_at + 8 * c)
                         n = 2 * c
                         o[n, 0], o[n, 1], o[n, 2], o[n, 3] = mma_bf16(
-                            a0, a1, a2, a3, b0, b1, o[n, 0], o[n, 1], o[n, 2], o[n, 3])  # fmt: skip
+                            a0, a1, a2, a3, b0, b1, o[n, 0], o[n, 1], o[n, 2], o[n, 3]
+                        )
                         n += 1
                         o[n, 0], o[n, 1], o[n, 2], o[n, 3] = mma_bf16(
-                            a0, a1, a2, a3, b2, b3, o[n, 0], o[n, 1], o[n, 2], o[n, 3])  # fmt: skip
+                            a0, a1, a2, a3, b2, b3, o[n, 0], o[n, 1], o[n, 2], o[n, 3]
+                        )
                 cuda.syncthreads()  # tile kt read: its stage may take tile kt + 2
             l_a, l_b = quad_sum(l_a), quad_sum(l_b)
             for half in range(2):
@@ -289,8 +348,19 @@ def _kernel(D: int):
     return kernel
 
 
-def flash_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, *,
-                  first_token=0, stream=0) -> None:  # fmt: skip
+def flash_prefill(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    *,
+    first_token=0,
+    stream=0,
+) -> None:
     """As attention.paged_attention (whose launcher has checked the arguments, and `supports`
     the shape), for rows first_token on (the rows before it are left to another kernel)."""
     T, Hq, D = q.shape
@@ -302,8 +372,19 @@ def flash_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
     k_words = k_cache.reshape(nb * bs * Hk, D).view(np.uint32)
     v_words = v_cache.reshape(nb * bs * Hk, D).view(np.uint32)
     scale_log2 = np.float32(scale * math.log2(math.e))
-    args = (q, k_words, v_words, block_tables, seq_lens, query_start_loc, scale_log2, out,
-            first_token, bs, Hk)  # fmt: skip
+    args = (
+        q,
+        k_words,
+        v_words,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale_log2,
+        out,
+        first_token,
+        bs,
+        Hk,
+    )
     kernel, shared_bytes = _kernel(D), 4 * _shared_words(D)
     allow_dynamic_shared(kernel, args, shared_bytes)
     kernel[grid, THREADS, stream, shared_bytes](*args)

@@ -12,9 +12,10 @@ sequence (a run) go through each split of SPLIT keys together, in three phases:
      q . k, each 128-bit load of q serving S_KEYS keys and each load of k serving S_ROWS rows,
      then each row's max, p and sum of p among the row's eight key groups (consecutive
      lanes: three shuffles a reduction), with the bits of the decode kernel's warp_max and
-     warp_sum over lane j = key j (octet_max4, octet_sum4). A softmax phase of its own, a
-     warp a row, cost a barrier and a pass of the scores through shared memory, and ran
-     each warp's eight rows one after another, ten dependent shuffles each;
+     warp_sum over lane j = key j (octet_max4, octet_sum4). The softmax is part of this
+     phase rather than one of its own, a warp a row, which would cost a barrier, a pass of
+     the scores through shared memory and each warp's rows one after another, ten dependent
+     shuffles each;
   3. p @ V: thread (row group, column group) sums V_ROWS rows x PIECES four-column pieces,
      each V load serving V_ROWS rows, folded into running states held in registers.
 Per row and key, and per row and column, every sum runs in the decode kernel's order (its
@@ -30,17 +31,13 @@ Tiles are launched heaviest first (the last tokens of a prompt see the most keys
 long blocks do not start in the last wave. The working set (K, V, queries, scores: ~77 KB)
 is dynamic shared memory: two blocks of 8 warps share an SM.
 
-On the H200 (tools/device_bench_attention.py --prefill): 1.5x the previous kernel (one 16-row
-tile a block, q . k one key a thread) at 1,024 tokens and 1.8x at 4,096, about even at 128; the
-softmax folded into the score phase took another 1.15-1.21x (bf16 cache, 0.6B and 8B shapes,
-128-2,048 tokens: 0.6B 1,024 503 -> 427 us), same bits. Still 20-25x slower than torch's bf16
-SDPA at 1,024-2,048 tokens (7x at 128). Nsight (0.6B, 1,024 tokens, bf16): one wave of 256
-blocks whose work grows with the tile (the last tokens see the most keys), so the SMs are busy
-54% of the kernel's time; the busy ones issue every 1.7 cycles (3.6 warps a scheduler, two
-blocks an SM by registers and shared memory), short-scoreboard (shared memory) a third of the
-stalls. The critical path is the heaviest tile's splits one after another; splitting its keys
-over blocks needs their states folded in order (attention_split._fold), i.e. the decode path's
-scratch.
+Limits (bench/gpu_attention.py --prefill; BENCHMARKS.md, Kernels): far slower than a
+tensor-core attention (attention_flash, or torch's SDPA), since it computes in float32 on
+CUDA cores to keep the decode kernel's bits. A long prompt's tiles make about one wave whose
+work grows with the tile (the last tokens see the most keys), so many SMs idle at its end,
+and the busy ones wait on shared memory. The critical path is the heaviest tile's splits one
+after another; splitting its keys over blocks needs their states folded in order
+(attention_split._fold), i.e. the decode path's scratch.
 """
 
 import math
@@ -223,8 +220,9 @@ def _columns(smem, r0, pieces, pv, ps):
 
 
 @cuda.jit(cache=True, **_REGISTERS)
-def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                    first_token):  # fmt: skip
+def _prefill_kernel(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, first_token
+):
     grid_dependency_sync()
     tile, hk = cuda.gridDim.x - 1 - cuda.blockIdx.x, cuda.blockIdx.y  # heaviest tiles first
     tid = cuda.threadIdx.x
@@ -281,8 +279,20 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
             lims[i] = base + run_start + (s_r0 + i) // G
         for sp in range((n_keys + SPLIT - 1) // SPLIT):
             lo = sp * SPLIT
-            _load_split(k_cache, v_cache, block_tables, s, hk, lo, imin(n_keys - lo, SPLIT),
-                        w, lane, D, smem, shift)  # fmt: skip
+            _load_split(
+                k_cache,
+                v_cache,
+                block_tables,
+                s,
+                hk,
+                lo,
+                imin(n_keys - lo, SPLIT),
+                w,
+                lane,
+                D,
+                smem,
+                shift,
+            )
             cuda.syncthreads()
             _scores(smem, s_r0, kg, D, sc)
             _softmax(smem, s_r0, kg, n_rows, lims, lo, sc)
@@ -320,8 +330,19 @@ def _prefill_kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
                             out[t, h, 4 * piece + e] = acc[i, c, e] / l
 
 
-def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                      *, first_token=0, stream=0) -> None:  # fmt: skip
+def prefill_attention(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    *,
+    first_token=0,
+    stream=0,
+) -> None:
     """As attention.paged_attention, whose launcher has checked the arguments (and that
     attention_split supports the shape), for rows first_token on (the rows before it are left
     to another kernel)."""
@@ -331,7 +352,16 @@ def prefill_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_l
     Hk = k_cache.shape[2]
     per_tile = ROWS // (Hq // Hk)
     grid = (-(-(T - first_token) // per_tile), Hk)
-    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, np.float32(scale), out,
-            first_token)  # fmt: skip
+    args = (
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        np.float32(scale),
+        out,
+        first_token,
+    )
     allow_dynamic_shared(_prefill_kernel, args, SHARED_BYTES)
     _prefill_kernel[grid, THREADS, stream, SHARED_BYTES](*args)

@@ -8,14 +8,12 @@ rope_attention (one-row steps), the split kernel stays: same entry points
 (split_attention, rope_attention, TARGET_BLOCKS), same bits, so either can serve any step.
 Why a second kernel: the split kernel works a split across its whole block in three phases
 with four block barriers, reads each K row from shared memory once per query head and passes
-every K and V value through registers and shared memory. A first ring version (whole-split
-stages) gained only 3-12%; Nsight found it latency-bound, with too few warps (6 or 12 an SM
-for ~70 KB of rings a block) and ~2.5x as many instructions as FMAs, numba having kept the dot
-loop a loop with 64-bit counters and address math. This version: small ring items and the dot
-steps written out. On the H200 it is 5-19% faster than the split kernel from 32 rows on, and
-as fast or slower at one row, where a warp a split leaves most of the SMs idle; on an H100 it
-is level or ahead from 4 rows on (BENCHMARKS.md, "decode attention with a ring a warp,
-measured", and MIN_ROWS below).
+every K and V value through registers and shared memory. Here each warp streams its own splits
+with warp barriers only. The kernel is latency-bound, so two things matter: small ring items
+(whole-split stages take so much shared memory that too few warps fit an SM to hide the
+loads) and the dot steps written out (numba keeps a loop of them a loop, with 64-bit counters
+and address math at every step). With a warp a split it leaves most SMs idle at one row, so
+the split kernel keeps small steps (MIN_ROWS below; BENCHMARKS.md, Kernels).
 
 A block serves one query token and one kv head (the GQA group's G query heads share every K
 and V load). It stages the scaled queries in shared memory once; then each warp works alone
@@ -36,7 +34,7 @@ has the same bits through either kernel, and through the prefill one.
 rope_attention: the block's first warps norm and rotate its query heads (and the writer block
 its row's new key and v, stored to the cache) as attention_split's does; the block barrier
 after that orders the store before its warps' copies (cp.async reads are ordinary weak loads;
-the split kernel's ld.global.nc loads were not, so it patched the key in shared memory).
+the split kernel's ld.global.nc loads are not, so it patches the key in shared memory).
 """
 
 import functools
@@ -97,21 +95,21 @@ CHUNK = 32  # dims of a K ring item (SPLIT rows of them)
 V_KEYS = 8  # keys of a V ring item (rows of head_dim values)
 # (warps a block, ring stages a warp, registers a thread) by cache type. At 128 dims a stage
 # is 4.6 KB (float32) or 2.3 KB (bf16); at 168 registers three blocks fit an SM (12 warps).
-# bf16 at 128 registers (four blocks, a few values spilled) was 9-16% slower on the H200.
+# bf16 stays at 168 too: a cap low enough for a fourth block spills values in the hot loop,
+# which costs more than the extra warps gain.
 GEOMETRY = {np.float32: (4, 3, 168), np.uint16: (4, 4, 168)}
 if SIMULATOR:
     GEOMETRY = {np.float32: (2, 3, 0), np.uint16: (2, 4, 0)}
 Q_ITEMS = MAX_GROUP * MAX_DIM // 64  # query values a thread loads, at most (2 warps a block)
 SUMS = 4 * MAX_GROUP  # register arrays (numba needs plain constants): four sums a head
 STATES = 2 * MAX_GROUP  # a split's max and sum per head
-# decode grid size to aim for: four blocks an SM of the H200's 132 (three fit at once; with a
-# float32 cache 528 was 0-10% faster than 396 and 0-6% faster than 792; bf16 was swept at 396)
+# decode grid size to aim for: about four blocks an SM on a 132-SM GPU, of which three fit at
+# once, so the last wave is small; chosen by a sweep of grid sizes (BENCHMARKS.md, Kernels)
 TARGET_BLOCKS = 528
-# paged_attention's query rows from which this kernel runs rather than the split kernel. 8B
-# shape, 1,024 keys, on an H100 (tools/device_bench_attention.py --cases): level at 4 rows with
-# a float32 cache (27.6 vs 27.9 us) and ahead with bf16 (22.1 vs 24.7), ahead at 8, 12, 16 and
-# 24 rows with either (bf16 12 rows: 37.6 vs 57.5), level at 32 with float32; at one row the
-# split kernel was ahead (float32 18.2 vs 17.4 us). Rows 2 and 3 were not measured.
+# paged_attention's query rows from which this kernel runs rather than the split kernel: from
+# here on it is level with or ahead of the split kernel with either cache type
+# (bench/gpu_attention.py --cases, 8B shape; BENCHMARKS.md, Kernels); at one row the
+# split kernel's many small blocks keep more SMs busy.
 MIN_ROWS = 4
 
 
@@ -172,8 +170,13 @@ def _copy_item(k_cache, v_cache, ws, at, row, lane, D, sub, live):
             r, u = e // units, e % units
             src = lane_value(row, key0 + imin(r, V_KEYS - 1))
             if r < V_KEYS:  # a last pass of a head not a multiple of 16 dims: some lanes idle
-                kv_copy4_async(v_cache, np.int64(src) * np.int64(d32) + 4 * u, ws,
-                               at + (r * units + u) * words4, live)  # fmt: skip
+                kv_copy4_async(
+                    v_cache,
+                    np.int64(src) * np.int64(d32) + 4 * u,
+                    ws,
+                    at + (r * units + u) * words4,
+                    live,
+                )
 
 
 @cuda.jit(device=True)
@@ -202,8 +205,7 @@ def _dot4(fs, ws, cache, k_at, q_at, D, group, sc):
 def _dot_chunk(fs, ws, cache, k_at, q_at, D, group, n, sc):
     """The n (<= 8) pieces of a K item's row at ws[k_at ..] against the queries from
     fs[q_at ..], in order; written out, since numba leaves a loop of them a loop with 64-bit
-    counters and address math at every step (the first version's SASS: 67 instructions for
-    two steps' 42)."""
+    counters and address math at every step."""
     w4 = kv_words4(cache)
     _dot4(fs, ws, cache, k_at, q_at, D, group, sc)
     if n > 1:
@@ -270,8 +272,9 @@ def _split_rows(block_tables, table_at, sp, n_keys, bs, shift, num_blocks, Hk, h
     return row, bad
 
 
-def _kernel_for(rope: bool, group: int, head_dim: int, itemsize: int, warps: int, stages: int,
-                registers: int):  # fmt: skip
+def _kernel_for(
+    rope: bool, group: int, head_dim: int, itemsize: int, warps: int, stages: int, registers: int
+):
     """The split kernel (module docstring) for GQA groups of `group` query heads of head_dim
     dims over a cache of itemsize-byte values, blocks of `warps` warps and rings of `stages`
     stages (constants of the kernel: its
@@ -286,9 +289,24 @@ def _kernel_for(rope: bool, group: int, head_dim: int, itemsize: int, warps: int
     q_items = -(-group * MAX_DIM // threads)  # query values a thread loads, at most
 
     @cuda.jit(cache=True, **({"max_registers": registers} if registers else {}))
-    def kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, part_acc,
-               part_ml, slot_mapping, positions, cos_sin, q_norm, k_norm, eps,
-               has_norm):  # fmt: skip
+    def kernel(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        part_acc,
+        part_ml,
+        slot_mapping,
+        positions,
+        cos_sin,
+        q_norm,
+        k_norm,
+        eps,
+        has_norm,
+    ):
         grid_dependency_sync()
         t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
         tid = cuda.threadIdx.x
@@ -341,7 +359,7 @@ def _kernel_for(rope: bool, group: int, head_dim: int, itemsize: int, warps: int
                 return
             # The block whose warps read the row's newest key makes that key and stores it
             # first: the barrier below orders the store before its warps' copies, which read
-            # the cache through L2 (the old kernel's ld.global.nc reads did not see it).
+            # the cache through L2 (ld.global.nc reads, as the split kernel's, need not see it).
             writer = (n_splits - 1) % step // warps == z
             for g0 in range(0, G + 1, warps):  # block-uniform: every warp reduces alike
                 g = g0 + w
@@ -354,8 +372,25 @@ def _kernel_for(rope: bool, group: int, head_dim: int, itemsize: int, warps: int
                             v = _head_values(q, t, at + Hk * D, lane, n)
                         if has_norm:
                             nw = _weight_values(k_norm if g == G else q_norm, lane, n)
-                x = _rope_head(x[0], x[1], x[2], x[3], nw[0], nw[1], nw[2], nw[3], c0, s0, c1, s1,
-                               lane, D, eps, has_norm, turn)  # fmt: skip
+                x = _rope_head(
+                    x[0],
+                    x[1],
+                    x[2],
+                    x[3],
+                    nw[0],
+                    nw[1],
+                    nw[2],
+                    nw[3],
+                    c0,
+                    s0,
+                    c1,
+                    s1,
+                    lane,
+                    D,
+                    eps,
+                    has_norm,
+                    turn,
+                )
                 if g < G:
                     for c in range(4):
                         if c < n:
@@ -397,8 +432,7 @@ def _kernel_for(rope: bool, group: int, head_dim: int, itemsize: int, warps: int
         if count > 0:
             row, bad = _split_rows(*rows, first, n_keys, bs, shift, num_blocks, Hk, hk, lane)
         for sub in range(stages):  # the first split's first items in flight
-            _copy_item(k_cache, v_cache, ws, ring + sub * stage_words, row, lane, D, sub,
-                       count > 0)  # fmt: skip
+            _copy_item(k_cache, v_cache, ws, ring + sub * stage_words, row, lane, D, sub, count > 0)
             copy_async_commit()
         for c in range(trips):
             live = c < count
@@ -406,8 +440,9 @@ def _kernel_for(rope: bool, group: int, head_dim: int, itemsize: int, warps: int
             n_here = imin(n_keys - sp * SPLIT, SPLIT)
             row_next, bad_next = np.int32(0), 0
             if c + 1 < count:  # read a split ahead: in hand when its first item is copied
-                row_next, bad_next = _split_rows(*rows, sp + step, n_keys, bs, shift,
-                                                 num_blocks, Hk, hk, lane)  # fmt: skip
+                row_next, bad_next = _split_rows(
+                    *rows, sp + step, n_keys, bs, shift, num_blocks, Hk, hk, lane
+                )
             for e in range(SUMS):
                 sc[e] = np.float32(0.0)
             here = c * items  # the ring position of the split's first item
@@ -419,8 +454,20 @@ def _kernel_for(rope: bool, group: int, head_dim: int, itemsize: int, warps: int
                 if live and lane < n_here:
                     _dot_chunk(fs, ws, k_cache, at + lane * k_row, CHUNK * sub, D, G, n, sc)
                 sync_warp()  # the stage read by every lane: the item `stages` on goes there
-                _refill(k_cache, v_cache, ws, at, row, row_next, lane, D, sub + stages, items,
-                        live, c + 1 < count)  # fmt: skip
+                _refill(
+                    k_cache,
+                    v_cache,
+                    ws,
+                    at,
+                    row,
+                    row_next,
+                    lane,
+                    D,
+                    sub + stages,
+                    items,
+                    live,
+                    c + 1 < count,
+                )
                 copy_async_commit()  # (an empty group past the end keeps the count)
             _softmax(sc, ml, fs, p_at, live and lane < n_here, lane, G)
             split_bad = warp_max(np.float32(bad))  # any lane's key
@@ -432,18 +479,45 @@ def _kernel_for(rope: bool, group: int, head_dim: int, itemsize: int, warps: int
                 sync_warp()  # (and p written by every lane)
                 at = ring + (here + sub) % stages * stage_words
                 if live:
-                    _columns(fs, ws, v_cache, at + col * words4, p_at + V_KEYS * vi,
-                             units * words4, G, acc, ps)  # fmt: skip
+                    _columns(
+                        fs,
+                        ws,
+                        v_cache,
+                        at + col * words4,
+                        p_at + V_KEYS * vi,
+                        units * words4,
+                        G,
+                        acc,
+                        ps,
+                    )
                 sync_warp()
-                _refill(k_cache, v_cache, ws, at, row, row_next, lane, D, sub + stages, items,
-                        live, c + 1 < count)  # fmt: skip
+                _refill(
+                    k_cache,
+                    v_cache,
+                    ws,
+                    at,
+                    row,
+                    row_next,
+                    lane,
+                    D,
+                    sub + stages,
+                    items,
+                    live,
+                    c + 1 < count,
+                )
                 copy_async_commit()
             if live:
                 for g in range(G):
                     h = hk * G + g
                     if lane < units:
-                        store_f32x4(part_acc, (t, h, sp, 4 * lane), acc[4 * g], acc[4 * g + 1],
-                                    acc[4 * g + 2], acc[4 * g + 3])  # fmt: skip
+                        store_f32x4(
+                            part_acc,
+                            (t, h, sp, 4 * lane),
+                            acc[4 * g],
+                            acc[4 * g + 1],
+                            acc[4 * g + 2],
+                            acc[4 * g + 3],
+                        )
                     if lane == 0:  # a negative sum: the combine leaves the row unwritten
                         part_ml[t, h, sp, 0] = ml[2 * g]
                         part_ml[t, h, sp, 1] = ml[2 * g + 1] if split_bad == 0 else -1.0
@@ -457,8 +531,20 @@ def _kernel(rope: bool, group: int, head_dim: int, itemsize: int, geometry: tupl
     return _kernel_for(rope, group, head_dim, itemsize, *geometry)
 
 
-def _launch(rope, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-            scratch, rope_args, stream) -> None:  # fmt: skip
+def _launch(
+    rope,
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    scratch,
+    rope_args,
+    stream,
+) -> None:
     """The split kernel over blocks (row, kv head, z), then the combine."""
     T, Hq, D = out.shape
     Hk, bs = k_cache.shape[2], k_cache.shape[1]
@@ -470,8 +556,18 @@ def _launch(rope, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
     # empty blocks
     nz = min(-(-part_acc.shape[2] // warps), max(1, -(-TARGET_BLOCKS // (T * Hk))))
     kernel = _kernel(rope, Hq // Hk, D, k_cache.dtype.itemsize, geometry)
-    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, np.float32(scale),
-            part_acc, part_ml, *rope_args)  # fmt: skip
+    args = (
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        np.float32(scale),
+        part_acc,
+        part_ml,
+        *rope_args,
+    )
     nbytes = shared_bytes(Hq // Hk, D, k_cache.dtype.itemsize, warps, stages)
     allow_dynamic_shared(kernel, args, nbytes)
     kernel[(T, Hk, nz), 32 * warps, stream, nbytes](*args)
@@ -480,36 +576,123 @@ def _launch(rope, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, 
     )
 
 
-def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                    scratch, *, flash=False, stream=0) -> None:  # fmt: skip
+def split_attention(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    scratch,
+    *,
+    flash=False,
+    stream=0,
+) -> None:
     """As attention_split.split_attention (the same arguments and bits)."""
     T, Hq, D = q.shape
     if _fits_scratch(scratch, T, Hq, D):
-        _launch(False, q.reshape(T, Hq * D), k_cache, v_cache, block_tables, seq_lens,
-                query_start_loc, scale, out, scratch, no_rope_args(), stream)  # fmt: skip
+        _launch(
+            False,
+            q.reshape(T, Hq * D),
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            out,
+            scratch,
+            no_rope_args(),
+            stream,
+        )
         return
     # More rows than the scratch holds: a prefill, or decodes with prompts beside them. The
     # prefill kernel walks a tile's sequences one after the other, each through all its keys,
-    # so a tile of one-token decode rows costs ~32 of its sequence's passes (Qwen3-0.6B, 56
-    # decodes of ~260 keys and a 128-token prompt: 4.2 ms a layer on an H100, 57 us for 64
-    # decodes alone). The scheduler puts running requests' decode tokens first: the scratch's
-    # worth of leading rows go through this kernel, a block a row; the rest through the
-    # prefill kernel. Same bits either way (unless flash: attention_flash).
+    # so a tile of one-token decode rows costs ~32 of its sequence's passes, far more than the
+    # decodes take through this kernel. The scheduler puts running requests' decode tokens
+    # first: the scratch's worth of leading rows go through this kernel, a block a row; the
+    # rest through the prefill kernel. Same bits either way (unless flash: attention_flash).
     head = scratch[0].shape[0] if _fits_scratch(scratch, 1, Hq, D) else 0
     if head:
-        _launch(False, q[:head].reshape(head, Hq * D), k_cache, v_cache, block_tables, seq_lens,
-                query_start_loc, scale, out[:head], scratch, no_rope_args(), stream)  # fmt: skip
-    prompt_attention(flash, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                     out, first_token=head, stream=stream)  # fmt: skip
+        _launch(
+            False,
+            q[:head].reshape(head, Hq * D),
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            out[:head],
+            scratch,
+            no_rope_args(),
+            stream,
+        )
+    prompt_attention(
+        flash,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        out,
+        first_token=head,
+        stream=stream,
+    )
 
 
-def rope_attention(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, block_tables,
-                   seq_lens, query_start_loc, scale, out, scratch, *, q_norm=None, k_norm=None,
-                   stream=0) -> None:  # fmt: skip
+def rope_attention(
+    qkv,
+    k_cache,
+    v_cache,
+    slot_mapping,
+    positions,
+    cos_sin,
+    eps,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    scratch,
+    *,
+    q_norm=None,
+    k_norm=None,
+    stream=0,
+) -> None:
     """As attention_split.rope_attention (the same arguments, checks and bits)."""
-    rope = checked_rope_args(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps,
-                             block_tables, seq_lens, query_start_loc, out, scratch, q_norm,
-                             k_norm)  # fmt: skip
+    rope = checked_rope_args(
+        qkv,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        positions,
+        cos_sin,
+        eps,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
+        scratch,
+        q_norm,
+        k_norm,
+    )
     if rope is not None:
-        _launch(True, qkv, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                scratch, rope, stream)  # fmt: skip
+        _launch(
+            True,
+            qkv,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            out,
+            scratch,
+            rope,
+            stream,
+        )

@@ -28,10 +28,9 @@ in one trip (_row): two round trips to memory fewer before the keys arrive.
 rope_attention runs qkv_rope's work inside the split kernel for steps of one token per
 sequence: each warp norms and rotates one head in registers (_rope_head), and the block that
 reads a row's newest key makes that key and writes it to the cache. Kept small on purpose:
-a first version that did this work through shared memory, 8 unrolled items a thread, had
-twice the code and ran slower than the two kernels it replaced, its extra time following
-its code size rather than its work (BENCHMARKS.md; likely instruction fetch, in a kernel
-that runs most instructions once).
+in a kernel that runs most of its instructions once, time follows code size more than work
+(likely instruction fetch), so the rope work stays in registers, a head a warp, rather than
+going through shared memory in unrolled items, which doubles the code.
 """
 
 import math
@@ -77,9 +76,12 @@ L_AT = M_AT + MAX_GROUP
 NEW_K_AT = L_AT + MAX_GROUP  # rope_attention: the row's new key and value as the cache holds
 NEW_V_AT = NEW_K_AT + MAX_DIM  # them
 SMEM_WORDS = NEW_V_AT + MAX_DIM
-TARGET_BLOCKS = 512  # decode grid size to aim for (H200, 132 SMs: 512 beat 1024 and 2048 by 2-6%)
-# 128 registers (a few spills: tools/kernel_report.py) let four blocks share an SM: 1.3x
-# faster at batch 32 than the compiler's own choice (tools/device_bench_attention.py)
+# decode grid size to aim for: a few blocks an SM, chosen by a sweep of grid sizes (larger
+# grids only add blocks that loop over fewer splits; BENCHMARKS.md, Kernels)
+TARGET_BLOCKS = 512
+# a cap of 128 registers lets four blocks share an SM at the cost of a few spills
+# (tools/kernel_report.py); the extra warps hide more of the load latency than the spills
+# cost, unlike the compiler's own choice (bench/gpu_attention.py)
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}
 
 
@@ -223,9 +225,9 @@ def _score(smem, q_at, j, D):
     k_at = K_AT + j * ROW
     a0 = a1 = a2 = a3 = np.float32(0.0)
     # dims in order; 32 per trip when D is a multiple of 32, so that the inner loop's 8 steps
-    # unroll with constant offsets from running ones (a loop of D / 4 steps does not: ~14
-    # instructions a step), and unit-step counters (a stepped range keeps a 64-bit one with
-    # a sign test per trip)
+    # unroll with constant offsets from running ones (a loop of D / 4 steps does not, and
+    # pays address math every step), and unit-step counters (a stepped range keeps a 64-bit
+    # one with a sign test per trip)
     if D % 32 == 0:
         for _ in range(D // 32):
             for u in range(8):
@@ -294,8 +296,12 @@ def _rope_head(x0, x1, x2, x3, w0, w1, w2, w3, c0, s0, c1, s1, lane, D, eps, has
         return rotated(x0, lane_xor16(x0), c0, s0, lane < 16), x1, x2, x3
     if n == 2:  # dim l pairs with 32 + l: the same lane
         return rotated(x0, x1, c0, s0, True), rotated(x1, x0, c0, s0, False), x2, x3
-    return (rotated(x0, x2, c0, s0, True), rotated(x1, x3, c1, s1, True),
-            rotated(x2, x0, c0, s0, False), rotated(x3, x1, c1, s1, False))  # fmt: skip
+    return (
+        rotated(x0, x2, c0, s0, True),
+        rotated(x1, x3, c1, s1, True),
+        rotated(x2, x0, c0, s0, False),
+        rotated(x3, x1, c1, s1, False),
+    )
 
 
 @cuda.jit(device=True)
@@ -324,9 +330,24 @@ def _split_kernel_for(rope: bool):
     work for its row first (rope_attention)."""
 
     @cuda.jit(cache=True, **_REGISTERS)
-    def kernel(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, part_acc,
-               part_ml, slot_mapping, positions, cos_sin, q_norm, k_norm, eps,
-               has_norm):  # fmt: skip
+    def kernel(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        part_acc,
+        part_ml,
+        slot_mapping,
+        positions,
+        cos_sin,
+        q_norm,
+        k_norm,
+        eps,
+        has_norm,
+    ):
         grid_dependency_sync()
         t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
         tid = cuda.threadIdx.x
@@ -390,8 +411,25 @@ def _split_kernel_for(rope: bool):
                             v = _head_values(q, t, at + Hk * D, lane, n)
                         if has_norm:
                             nw = _weight_values(k_norm if g == G else q_norm, lane, n)
-                x = _rope_head(x[0], x[1], x[2], x[3], nw[0], nw[1], nw[2], nw[3], c0, s0, c1, s1,
-                               lane, D, eps, has_norm, turn)  # fmt: skip
+                x = _rope_head(
+                    x[0],
+                    x[1],
+                    x[2],
+                    x[3],
+                    nw[0],
+                    nw[1],
+                    nw[2],
+                    nw[3],
+                    c0,
+                    s0,
+                    c1,
+                    s1,
+                    lane,
+                    D,
+                    eps,
+                    has_norm,
+                    turn,
+                )
                 if g < G:
                     for c in range(4):
                         if c < n:
@@ -416,8 +454,9 @@ def _split_kernel_for(rope: bool):
         for sp in range(z, n_splits, nz):
             lo = sp * SPLIT
             n_here = imin(n_keys - lo, SPLIT)
-            bad = _load_split(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D,
-                              smem, shift)  # fmt: skip
+            bad = _load_split(
+                k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift
+            )
             if cuda.syncthreads_or(bad):  # a negative sum: the combine leaves the row unwritten
                 if tid < G:
                     part_ml[t, hk * G + tid, sp, 1] = -1.0
@@ -514,8 +553,20 @@ def _fits_scratch(scratch, T: int, Hq: int, D: int) -> bool:
     )
 
 
-def _launch(kernel, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-            scratch, rope_args, stream) -> None:  # fmt: skip
+def _launch(
+    kernel,
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    scratch,
+    rope_args,
+    stream,
+) -> None:
     """The split kernel over one block per (row, kv head, z), then the combine."""
     T, Hq, D = out.shape
     Hk, bs = k_cache.shape[2], k_cache.shape[1]
@@ -523,30 +574,85 @@ def _launch(kernel, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     # enough blocks to fill the GPU, each looping over splits z, z + nz, ...: with one block
     # per split of the longest context, a batch of short rows launches mostly empty blocks
     nz = min(part_acc.shape[2], max(1, -(-TARGET_BLOCKS // (T * Hk))))
-    kernel[(T, Hk, nz), THREADS, stream](q, k_cache, v_cache, block_tables, seq_lens,
-                                         query_start_loc, np.float32(scale), part_acc, part_ml,
-                                         *rope_args)  # fmt: skip
+    kernel[(T, Hk, nz), THREADS, stream](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        np.float32(scale),
+        part_acc,
+        part_ml,
+        *rope_args,
+    )
     _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](
         part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out
     )
 
 
-def split_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                    scratch, *, flash=False, stream=0) -> None:  # fmt: skip
+def split_attention(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    scratch,
+    *,
+    flash=False,
+    stream=0,
+) -> None:
     """As attention.paged_attention (its launcher has checked the arguments); scratch is
     make_scratch's pair or None (then, and for steps of more rows than it holds, the prefill
     kernel runs, or attention_flash's with flash)."""
     T, Hq, D = q.shape
     if not _fits_scratch(scratch, T, Hq, D):
-        prompt_attention(flash, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                         scale, out, stream=stream)  # fmt: skip
+        prompt_attention(
+            flash,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            out,
+            stream=stream,
+        )
         return
-    _launch(_split_kernel, q.reshape(T, Hq * D), k_cache, v_cache, block_tables, seq_lens,
-            query_start_loc, scale, out, scratch, no_rope_args(), stream)  # fmt: skip
+    _launch(
+        _split_kernel,
+        q.reshape(T, Hq * D),
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        out,
+        scratch,
+        no_rope_args(),
+        stream,
+    )
 
 
-def prompt_attention(flash, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                     out, *, first_token=0, stream=0) -> None:  # fmt: skip
+def prompt_attention(
+    flash,
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    *,
+    first_token=0,
+    stream=0,
+) -> None:
     """Rows first_token on of a step too long for the scratch: attention_flash's kernel with
     flash where it takes the cache and shape, else the prefill kernel (the decode bits)."""
     from vtllm.kernels.cuda import attention_flash
@@ -557,8 +663,18 @@ def prompt_attention(flash, q, k_cache, v_cache, block_tables, seq_lens, query_s
         run = attention_flash.flash_prefill
     else:
         run = prefill_attention
-    run(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out,
-        first_token=first_token, stream=stream)  # fmt: skip
+    run(
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        out,
+        first_token=first_token,
+        stream=stream,
+    )
 
 
 def no_rope_args() -> tuple:
@@ -577,9 +693,25 @@ def fuses_rope(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     )
 
 
-def rope_attention(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, block_tables,
-                   seq_lens, query_start_loc, scale, out, scratch, *, q_norm=None, k_norm=None,
-                   stream=0) -> None:  # fmt: skip
+def rope_attention(
+    qkv,
+    k_cache,
+    v_cache,
+    slot_mapping,
+    positions,
+    cos_sin,
+    eps,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    scratch,
+    *,
+    q_norm=None,
+    k_norm=None,
+    stream=0,
+) -> None:
     """qkv_rope.qkv_rope then attention.paged_attention in one kernel (and the combine), for
     steps in which every sequence has one new token: each block norms and rotates its own
     query heads from qkv [T, (Hq + 2 Hk) D], and the block that reads a row's newest key
@@ -588,29 +720,83 @@ def rope_attention(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps,
     a sequence with more new tokens are left unwritten in out (their keys would come from
     other blocks: the two kernels serve such steps). scratch: make_scratch's pair with at
     least T rows. Arguments as those of the two functions; out [T, Hq, D]."""
-    rope = checked_rope_args(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps,
-                             block_tables, seq_lens, query_start_loc, out, scratch, q_norm,
-                             k_norm)  # fmt: skip
+    rope = checked_rope_args(
+        qkv,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        positions,
+        cos_sin,
+        eps,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
+        scratch,
+        q_norm,
+        k_norm,
+    )
     if rope is not None:
-        _launch(_split_rope_kernel, qkv, k_cache, v_cache, block_tables, seq_lens,
-                query_start_loc, scale, out, scratch, rope, stream)  # fmt: skip
+        _launch(
+            _split_rope_kernel,
+            qkv,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            out,
+            scratch,
+            rope,
+            stream,
+        )
 
 
-def checked_rope_args(qkv, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, block_tables,
-                      seq_lens, query_start_loc, out, scratch, q_norm, k_norm):  # fmt: skip
+def checked_rope_args(
+    qkv,
+    k_cache,
+    v_cache,
+    slot_mapping,
+    positions,
+    cos_sin,
+    eps,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    out,
+    scratch,
+    q_norm,
+    k_norm,
+):
     """rope_attention's argument checks (ValueError on what it cannot take); the split
     kernel's rope arguments, or None when there is nothing to do."""
-    check_attention("rope_attention", out, out, k_cache, v_cache, block_tables, seq_lens,
-                    query_start_loc)  # fmt: skip
-    has_norm = check_qkv_rope("rope_attention", qkv, out, k_cache, v_cache, slot_mapping,
-                              positions, cos_sin, q_norm, k_norm)  # fmt: skip
+    check_attention(
+        "rope_attention", out, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc
+    )
+    has_norm = check_qkv_rope(
+        "rope_attention",
+        qkv,
+        out,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        positions,
+        cos_sin,
+        q_norm,
+        k_norm,
+    )
     T, Hq, D = out.shape
     if not fuses_rope(Hq, k_cache.shape[2], D):
-        raise ValueError(f"rope_attention: {Hq} heads over {k_cache.shape[2]} kv heads of "
-                         f"{D} dims are not supported (fuses_rope)")  # fmt: skip
+        raise ValueError(
+            f"rope_attention: {Hq} heads over {k_cache.shape[2]} kv heads of "
+            f"{D} dims are not supported (fuses_rope)"
+        )
     if not _fits_scratch(scratch, T, Hq, D):
-        raise ValueError(f"rope_attention: scratch must be make_scratch's pair for at least "
-                         f"{T} rows of {Hq} heads of {D} dims")  # fmt: skip
+        raise ValueError(
+            f"rope_attention: scratch must be make_scratch's pair for at least "
+            f"{T} rows of {Hq} heads of {D} dims"
+        )
     if T == 0 or seq_lens.shape[0] == 0:
         return None
     if not has_norm:

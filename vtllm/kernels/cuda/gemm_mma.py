@@ -19,9 +19,9 @@ K tiles in that order, residue class after residue class, each class into fresh 
 accumulators p (from +0) that are then folded into the running total, kept in shared memory
 (total = p for the first class, total + p after): the same mma on the same fragments and the
 same float additions, so the same bits for every token, whatever M and whichever kernel runs
-the step. linear_mma's zero tiles padding K only add exact zeros: skipped here. (The total
-lived in registers before, next to p: 254 registers a thread and no room to load ahead; the
-tensor pipe was 28% busy.)
+the step. linear_mma's zero tiles padding K only add exact zeros: skipped here. The total
+stays in shared memory, not in registers next to p, so that the registers have room for the
+two fragment buffers that let the loads run ahead of the mmas.
 """
 
 import numpy as np
@@ -49,9 +49,10 @@ from vtllm.kernels.cuda.linear_mma import (
 # operands per K tile (8 KB with x_bf16). The simulator runs every thread in Python: small
 # tiles there, same code.
 # STAGES and _REGISTERS by x_bf16. x split into hi + lo: 4 stages (160 KB of shared memory)
-# and up to 255 registers, one block an SM. x_bf16: 3 stages (112 KB) and 128 registers (12
-# bytes spill, one local load a stage), two blocks an SM: 1.09-1.19x faster than one on the 8B
-# shapes (BENCHMARKS.md); the hi + lo layout fits neither in half an SM.
+# and up to 255 registers, one block an SM. x_bf16: 3 stages (112 KB) and a cap of 128
+# registers, so that two blocks share an SM (the cap costs a small spill, one local load a
+# stage; the second block's overlap more than pays for it, see BENCHMARKS.md, Kernels); the
+# hi + lo layout fits neither in half an SM.
 if SIMULATOR:
     WT_M, WT_N, WARPS_M, WARPS_N = 2, 1, 1, 2
     STAGES = {False: 2, True: 3}
@@ -96,10 +97,10 @@ def _layout(x_bf16: bool) -> dict:
 
 # DeviceWeight.matmul takes this kernel over linear_mma from GEMM_ABOVE tokens, and only when
 # the step has GEMM_MIN_BLOCKS block tiles or more: one block fills an SM and walks all of K,
-# so a small grid leaves SMs idle (8B qkv at M = 64, 48 blocks: 191 us here, 48 us in
-# linear_mma). Measured on the H200 at M = 64 .. 1024 on the 8B and 0.6B shapes
-# (tools/device_bench_linear.py --gemm), this rule picks the faster kernel or one within 3%
-# (measured with x split into hi + lo; x_bf16's two blocks an SM may move the line).
+# so a small grid leaves SMs idle while linear_mma, whose warps split K, keeps them all busy.
+# The thresholds come from timing both kernels over the 8B and 0.6B shapes
+# (bench/gpu_linear.py --gemm; BENCHMARKS.md, Kernels) with x split into hi + lo;
+# x_bf16's two blocks an SM may move the line.
 GEMM_ABOVE = 128
 GEMM_MIN_BLOCKS = 2 if SIMULATOR else 128
 # the oldest stage in flight has landed, by stage count: at most stages - 2 copy groups pending
@@ -234,8 +235,8 @@ def _gemm_kernel(x_bf16):
         _fragments(ops, 0, wm, wn, lane, fa, fb, 0, x_words)
 
         r = kt = 0
-        # stage s's slot, (s % stages) * stage_words, stepped rather than divided (the modulo
-        # by 3 cost ~15 instructions a use)
+        # stage s's slot, (s % stages) * stage_words, stepped rather than divided (stages
+        # need not be a power of two, and an integer modulo is a long instruction sequence)
         here = 0
         for s in range(nstages):
             # refill the slot stage s - 1 used: every warp read it before the last barrier

@@ -13,25 +13,24 @@ that group is in flight).
 
 Keeping a stage's wgmmas running while the next stage is set up: (1) the wait for all before
 the epilogue is explicit: without it ptxas injects one at the loop's end (tools/kernel_report.py
---sm90a prints its "warpgroup.wait is injected" notes), which drained every stage in the first
-versions; (2) a wgmma reads its A registers until it completes, so stages alternate between
-two sets of A fragments (the stage body is one inlined function, called with either set;
-ptxas does not guard this itself); (3) a class starts with scale-d 0 (the wgmma ignores p)
-rather than p zeroed by moves: a fifth less code.
+--sm90a prints its "warpgroup.wait is injected" notes), which would drain every stage; (2) a
+wgmma reads its A registers until it completes, so stages alternate between two sets of A
+fragments (the stage body is one inlined function, called with either set; ptxas does not
+guard this itself); (3) a class starts with scale-d 0 (the wgmma ignores p) rather than p
+zeroed by moves: less code in the loop.
 
 Bits: linear_mma's order (see gemm_mma): K tiles residue class by residue class (tiles r, r + S,
 .. for S = w.slices), each class summed from +0 into fresh accumulators p, folded into the
 running totals (registers here) in class order, then the bias. Each K tile is one k16 step
-c = A @ B + c, as mma.m16n8k16 does it; whether the two instructions round alike is measured
-on the card (tests/kernels_cuda/test_gemm_wgmma.py), not assumed: they do (0 outputs differ
-from linear_mma on the 8B shapes, H100; BENCHMARKS.md). A class's first step here ignores p
-(scale-d 0) instead of adding +0: the same sum, except that a zero may come out -0 where +0
-+ -0 gives +0; the first class's fold adds +0, and later folds add to a total that is never
--0, so the totals' bits are linear_mma's.
+c = A @ B + c, as mma.m16n8k16 does it; that the two instructions round alike is checked on
+the GPU (tests/kernels_cuda/test_gemm_wgmma.py compares the bits with linear_mma's), not
+assumed. A class's first step here ignores p (scale-d 0) instead of adding +0: the same sum,
+except that a zero may come out -0 where +0 + -0 gives +0; the first class's fold adds +0,
+and later folds add to a total that is never -0, so the totals' bits are linear_mma's.
 
 The model takes it where asked (VT_CUDA_PREFILL_GEMM=wgmma; DeviceWeight.matmul), not by
-default: its first version ran at 0.66-0.82x gemm_mma's speed (wgmmas drained every K tile);
-this one has not been timed on a card.
+default: gemm_mma stays the default prefill GEMM unless this kernel is shown faster on the
+prefill shapes (BENCHMARKS.md, Kernels).
 """
 
 import numpy as np
@@ -115,8 +114,28 @@ def _advance(kt, r, residues, ktiles):
 
 
 @cuda.jit(device=True, **_INLINE)
-def _stage(s, fa, p, total, kt, r, fresh, here, load_kt, load_r, ops, b_desc, xw, packed,
-           w_at, x_from, x_at, tid, ktiles, residues):  # fmt: skip
+def _stage(
+    s,
+    fa,
+    p,
+    total,
+    kt,
+    r,
+    fresh,
+    here,
+    load_kt,
+    load_r,
+    ops,
+    b_desc,
+    xw,
+    packed,
+    w_at,
+    x_from,
+    x_at,
+    tid,
+    ktiles,
+    residues,
+):
     """Stage s (its slot at ops[here ..]): refill the slot of stage s - 2, issue the stage's
     wgmmas as one group with A fragments in fa, fold each class that ends in it, then wait
     until only this stage's group is in flight. Returns (kt, r, fresh, here, load_kt, load_r)
@@ -134,8 +153,7 @@ def _stage(s, fa, p, total, kt, r, fresh, here, load_kt, load_r, ops, b_desc, xw
         refill = int32(refill - STAGES * STAGE_WORDS)
     for t in range(STAGE_TILES):
         if t < ahead_left:
-            _copy_tile(ops, refill + t * TILE_SPAN, load_kt, xw, packed, w_at, x_from, x_at,
-                       tid)  # fmt: skip
+            _copy_tile(ops, refill + t * TILE_SPAN, load_kt, xw, packed, w_at, x_from, x_at, tid)
             load_kt, load_r = _advance(load_kt, load_r, residues, ktiles)
     copy_async_commit()
     # the stage's A fragments first, then its wgmmas back to back in one group: the tensor
@@ -148,8 +166,16 @@ def _stage(s, fa, p, total, kt, r, fresh, here, load_kt, load_r, ops, b_desc, xw
     for t in range(STAGE_TILES):
         if t < left:
             b_at = int32(here + t * TILE_SPAN + A_WORDS)  # (words: a multiple of 4)
-            _wgmma(p, fa[4 * t], fa[4 * t + 1], fa[4 * t + 2], fa[4 * t + 3], ops,
-                   b_desc + (b_at >> 2), 1 - fresh)  # fmt: skip
+            _wgmma(
+                p,
+                fa[4 * t],
+                fa[4 * t + 1],
+                fa[4 * t + 2],
+                fa[4 * t + 3],
+                ops,
+                b_desc + (b_at >> 2),
+                1 - fresh,
+            )
             fresh = 0
             kt = int32(kt + residues)
             if kt >= ktiles:  # class r is complete: fold it; the next wgmma starts afresh
@@ -174,7 +200,7 @@ def _gemm_kernel(xw, kwords, packed, wwords, bias, has_bias, out, slices):
     grid_dependency_sync()
     M, N = out.shape
     # int32 index arithmetic in the loop (numba's default, int64, takes two instructions a
-    # step: a stage's setup was 234 SASS instructions, 164 so; BENCHMARKS.md)
+    # step, and a stage's setup is mostly index arithmetic)
     ktiles, residues = int32(kwords // 8), int32(slices)
     nstages = -(-ktiles // STAGE_TILES)
     tid = cuda.threadIdx.x
@@ -216,12 +242,50 @@ def _gemm_kernel(xw, kwords, packed, wwords, bias, has_bias, out, slices):
     for s2 in range(0, nstages, 2):
         s = int32(s2)
         kt, r, fresh, here, load_kt, load_r = _stage(
-            s, fa0, p, total, kt, r, fresh, here, load_kt, load_r, ops, b_desc, xw, packed,
-            w_at, x_from, x_at, tid, ktiles, residues)  # fmt: skip
+            s,
+            fa0,
+            p,
+            total,
+            kt,
+            r,
+            fresh,
+            here,
+            load_kt,
+            load_r,
+            ops,
+            b_desc,
+            xw,
+            packed,
+            w_at,
+            x_from,
+            x_at,
+            tid,
+            ktiles,
+            residues,
+        )
         if s + 1 < nstages:
             kt, r, fresh, here, load_kt, load_r = _stage(
-                int32(s + 1), fa1, p, total, kt, r, fresh, here, load_kt, load_r, ops, b_desc,
-                xw, packed, w_at, x_from, x_at, tid, ktiles, residues)  # fmt: skip
+                int32(s + 1),
+                fa1,
+                p,
+                total,
+                kt,
+                r,
+                fresh,
+                here,
+                load_kt,
+                load_r,
+                ops,
+                b_desc,
+                xw,
+                packed,
+                w_at,
+                x_from,
+                x_at,
+                tid,
+                ktiles,
+                residues,
+            )
     _settle(p)  # all complete already (the last class was settled); said for ptxas: (1)
     # linear_mma's idle warps add +0 when there are fewer K tiles than slices (-0 to +0)
     zero_fix = ktiles < residues
@@ -307,8 +371,16 @@ def gemm_wgmma(xw, w: PackedBF16, out, *, bias=None, stream=0) -> None:
         return
     # flat views: a thread steps one offset per matrix (its row's start plus the K tile's)
     xw_flat, w_flat = xw.reshape(xw.size), w.data.reshape(w.data.size)
-    args = (xw_flat, xw.shape[1], w_flat, w.data.shape[1], bias_arg, bias is not None, out,
-            w.slices)  # fmt: skip
+    args = (
+        xw_flat,
+        xw.shape[1],
+        w_flat,
+        w.data.shape[1],
+        bias_arg,
+        bias is not None,
+        out,
+        w.slices,
+    )
     allow_dynamic_shared(_gemm_kernel, args, SHARED_BYTES)
     grid = (-(-m // TOKENS), -(-(n // 16) // BLOCK_TILES))
     _gemm_kernel[grid, THREADS, stream, SHARED_BYTES](*args)

@@ -1,7 +1,7 @@
 """out = x @ W.T (+ bias) on the GPU, W in any QType decoded inside the kernel. Hot path: keep it
 lean.
 
-A GEMV-style first version, correct for any M: one warp per row n of W and up to MT rows of x
+A GEMV-style kernel, correct for any M: one warp per row n of W and up to MT rows of x
 per block (the grid's y covers M), fp32 accumulators in registers, one warp reduction at the
 end. A block whose rows of x are a single one (decode at batch 1) runs a one-row loop.
   float W, 8-byte aligned rows (F16 / BF16 with K % 4 == 0, F32 with K % 2 == 0): lane l reads
@@ -10,9 +10,9 @@ end. A block whose rows of x are a single one (decode at batch 1) runs a one-row
   block-quantized W (Q4_0 / Q4_1 / Q8_0, rows read as uint16 words): four lanes share a
       32-weight block, each decoding 8 weights, so a warp covers 8 consecutive blocks and its
       x reads are contiguous.
-W is read once per MT rows of x: fine for decode batches, slow for prefill, which needs the
-tensor-core (mma.sync) path that is still to come. Rows past N or M are computed on clamped
-indices and dropped, so every warp takes part in the reduction.
+W is read once per MT rows of x: fine for decode batches, slow for prefill; bf16 weights
+take the tensor-core path instead (linear_mma, gemm_mma). Rows past N or M are computed on
+clamped indices and dropped, so every warp takes part in the reduction.
 """
 
 import numpy as np

@@ -29,9 +29,9 @@ Work split: a block owns one 16-row tile of W and up to TOKENS tokens; warp w su
 and the block adds the warps' partials in warp order. A block has WARPS warps, or WIDE_WARPS
 for a narrow W with a long K (warps_for), whose few row tiles would leave SMs idle. W is read
 once per TOKENS tokens; consecutive blocks share a tile of W (the grid's x runs over tokens),
-so prefill re-reads it from L2, not HBM. (A K split over several blocks per row tile, partials
-through global memory and the last block adding them, was tried and measured slower on the
-H200: 8B qkv at M = 1 37 us vs 18.)
+so prefill re-reads it from L2, not HBM. K stays within one block: splitting it over several
+blocks a row tile would pass partials through global memory and add a last-block reduction,
+which costs more than it gains at these sizes.
 
 Decode steps (M <= 8, one token group) run a copy of the kernel compiled for one group: the
 other groups' accumulators are constant zeros there, and the registers they free hold the
@@ -60,15 +60,14 @@ from vtllm.kernels.cuda.norm import row_inv_rms
 
 WARPS = 2 if SIMULATOR else 8  # K slices per block
 # A W of at most WIDE_MAX_TILES row tiles, K at least twice N and at least WIDE_WARPS x UNROLL
-# K tiles (one whole round) takes WIDE_WARPS warps per block. On the H200 at M = 1
-# (tools/device_bench_linear.py): Qwen3-0.6B o 7.8 -> 6.3 us, down 10.3 -> 8.1, 8B down
-# 48.4 -> 40.1; more row tiles (8B qkv, gate_up), a square W (8B o: 16.0 -> 18.3) or a short
-# K (0.6B qkv) were slower that way.
+# K tiles (one whole round) takes WIDE_WARPS warps per block: such a W has too few row tiles
+# to fill the SMs with WARPS-warp blocks, so more warps split its long K. With more row tiles,
+# a square W or a short K the wide blocks lose (bench/gpu_linear.py; BENCHMARKS.md,
+# Kernels).
 WIDE_WARPS = 4 if SIMULATOR else 32
 WIDE_MAX_TILES = 2 if SIMULATOR else 256
 # Warps' partials the shared array holds at once (48 KB static at most): a wide block adds its
-# 32 in two rounds of 16, not four of 8, two barriers fewer each (H200, M = 1: Qwen3-0.6B o
-# 5.0 -> 4.8 us, down 6.4 -> 6.1, 8B down 33.7 -> 32.7; tools/device_bench_linear.py)
+# 32 in two rounds of 16, not four of 8, two barriers fewer each
 PARTIAL_ROWS = 2 if SIMULATOR else 16
 SUMS = 16 // WARPS  # output sums per thread: a block's 16 x 32 over at least WARPS warps
 GROUPS = 4  # 8-token groups per block (the code below is written out for four)
@@ -79,8 +78,9 @@ TILE_WORDS = 128  # uint32 words per packed 16x16 tile: 32 lanes x 4 registers
 # (half the bytes to move and to keep; split_x)
 X_BF16_TILE_WORDS = 64
 PACK_THREADS = 256
-# 80 registers a thread (a few bytes spill) fit three blocks on an SM instead of two: at M = 1
-# that took W streaming from 1.9 to 2.7-3.3 TB/s on the H200 (tools/device_bench_linear.py)
+# a cap of 80 registers a thread (a few bytes spill) fits three blocks on an SM instead of
+# two: decode streams W, and the extra warps keep more of it in flight
+# (bench/gpu_linear.py)
 _REGISTERS = {} if SIMULATOR else {"max_registers": 80}
 _WIDE_REGISTERS = {} if SIMULATOR else {"max_registers": 64}  # 1024 threads: 64 fill the SM
 PREPACK_ABOVE = 8  # tokens: up to one mma group, x is split inside the kernel (no extra launch)
@@ -181,42 +181,62 @@ def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc, x_bf16, norm, nw
     _group."""
     a0, a1, a2, a3 = a
     r0, r1, r2, r3 = rows
-    (c00, c01, c02, c03, c10, c11, c12, c13,
-     c20, c21, c22, c23, c30, c31, c32, c33) = acc  # fmt: skip
+    (c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33) = acc
     if prepacked:  # group g0 is the block's first; columns in tile-fragment order
         xw = X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS
         gi, col = g0, kt * xw + (xw // 32) * lane
-        c00, c01, c02, c03 = _group_packed(xp, gi, col, a0, a1, a2, a3,
-                                           c00, c01, c02, c03, x_bf16)  # fmt: skip
+        c00, c01, c02, c03 = _group_packed(xp, gi, col, a0, a1, a2, a3, c00, c01, c02, c03, x_bf16)
         if groups > 1:
-            c10, c11, c12, c13 = _group_packed(xp, gi + 1, col, a0, a1, a2, a3,
-                                               c10, c11, c12, c13, x_bf16)  # fmt: skip
+            c10, c11, c12, c13 = _group_packed(
+                xp, gi + 1, col, a0, a1, a2, a3, c10, c11, c12, c13, x_bf16
+            )
         if groups > 2:
-            c20, c21, c22, c23 = _group_packed(xp, gi + 2, col, a0, a1, a2, a3,
-                                               c20, c21, c22, c23, x_bf16)  # fmt: skip
+            c20, c21, c22, c23 = _group_packed(
+                xp, gi + 2, col, a0, a1, a2, a3, c20, c21, c22, c23, x_bf16
+            )
         if groups > 3:
-            c30, c31, c32, c33 = _group_packed(xp, gi + 3, col, a0, a1, a2, a3,
-                                               c30, c31, c32, c33, x_bf16)  # fmt: skip
+            c30, c31, c32, c33 = _group_packed(
+                xp, gi + 3, col, a0, a1, a2, a3, c30, c31, c32, c33, x_bf16
+            )
     else:
         k = kt * 16 + 2 * (lane % 4)
-        c00, c01, c02, c03 = _group(x, r0, k, a0, a1, a2, a3, c00, c01, c02, c03, x_bf16,
-                                    norm, nw, inv)  # fmt: skip
+        c00, c01, c02, c03 = _group(
+            x, r0, k, a0, a1, a2, a3, c00, c01, c02, c03, x_bf16, norm, nw, inv
+        )
         if groups > 1:
-            c10, c11, c12, c13 = _group(x, r1, k, a0, a1, a2, a3, c10, c11, c12, c13, x_bf16,
-                                        False, nw, inv)  # fmt: skip
+            c10, c11, c12, c13 = _group(
+                x, r1, k, a0, a1, a2, a3, c10, c11, c12, c13, x_bf16, False, nw, inv
+            )
         if groups > 2:
-            c20, c21, c22, c23 = _group(x, r2, k, a0, a1, a2, a3, c20, c21, c22, c23, x_bf16,
-                                        False, nw, inv)  # fmt: skip
+            c20, c21, c22, c23 = _group(
+                x, r2, k, a0, a1, a2, a3, c20, c21, c22, c23, x_bf16, False, nw, inv
+            )
         if groups > 3:
-            c30, c31, c32, c33 = _group(x, r3, k, a0, a1, a2, a3, c30, c31, c32, c33, x_bf16,
-                                        False, nw, inv)  # fmt: skip
-    return (c00, c01, c02, c03, c10, c11, c12, c13,
-            c20, c21, c22, c23, c30, c31, c32, c33)  # fmt: skip
+            c30, c31, c32, c33 = _group(
+                x, r3, k, a0, a1, a2, a3, c30, c31, c32, c33, x_bf16, False, nw, inv
+            )
+    return (c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33)
 
 
 @cuda.jit(device=True)
-def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, warps, one_group,
-                      x_bf16, swiglu, norm, nw, eps, accumulate):  # fmt: skip
+def _linear_mma_block(
+    x,
+    xp,
+    prepacked,
+    packed,
+    bias,
+    has_bias,
+    out,
+    partial,
+    warps,
+    one_group,
+    x_bf16,
+    swiglu,
+    norm,
+    nw,
+    eps,
+    accumulate,
+):
     """One block's work (module docstring); warps, one_group, x_bf16, swiglu, norm and
     accumulate are constants of the calling kernel, so once inlined the loop strides are too,
     with one_group (M <= 8) the other groups' code folds away and with x_bf16 the second mma.
@@ -242,8 +262,8 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
     base = 4 * lane
     ntiles, stride = packed.shape[1] // TILE_WORDS, warps * UNROLL  # UNROLL tiles a trip
     # The loads are written out, not a helper: numba's simulator makes every device-function
-    # call a locked swap of module globals, which tripled this kernel's time there; on the GPU
-    # both forms compile to the same SASS. Before the loop: the first trip's tiles (one_group;
+    # call a locked swap of module globals, which dominates this kernel's time there; on the
+    # GPU both forms compile to the same SASS. Before the loop: the first trip's tiles (one_group;
     # the other kernel drops these unused loads).
     f0 = load_u32x4(packed, nt, warp * TILE_WORDS + base)
     f1 = load_u32x4(packed, nt, (warp + warps) * TILE_WORDS + base)
@@ -268,14 +288,57 @@ def _linear_mma_block(x, xp, prepacked, packed, bias, has_bias, out, partial, wa
             f1 = load_u32x4(packed, nt, (kt + warps) * TILE_WORDS + base)
             f2 = load_u32x4(packed, nt, (kt + 2 * warps) * TILE_WORDS + base)
             f3 = load_u32x4(packed, nt, (kt + 3 * warps) * TILE_WORDS + base)
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc,
-                    x_bf16, norm, nw, inv)  # fmt: skip
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + warps, last), lane, f1, acc,
-                    x_bf16, norm, nw, inv)  # fmt: skip
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 2 * warps, last), lane, f2,
-                    acc, x_bf16, norm, nw, inv)  # fmt: skip
-        acc = _tile(x, xp, prepacked, g0, groups, rows, imin(kt + 3 * warps, last), lane, f3,
-                    acc, x_bf16, norm, nw, inv)  # fmt: skip
+        acc = _tile(
+            x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc, x_bf16, norm, nw, inv
+        )
+        acc = _tile(
+            x,
+            xp,
+            prepacked,
+            g0,
+            groups,
+            rows,
+            imin(kt + warps, last),
+            lane,
+            f1,
+            acc,
+            x_bf16,
+            norm,
+            nw,
+            inv,
+        )
+        acc = _tile(
+            x,
+            xp,
+            prepacked,
+            g0,
+            groups,
+            rows,
+            imin(kt + 2 * warps, last),
+            lane,
+            f2,
+            acc,
+            x_bf16,
+            norm,
+            nw,
+            inv,
+        )
+        acc = _tile(
+            x,
+            xp,
+            prepacked,
+            g0,
+            groups,
+            rows,
+            imin(kt + 3 * warps, last),
+            lane,
+            f3,
+            acc,
+            x_bf16,
+            norm,
+            nw,
+            inv,
+        )
         if one_group:
             f0, f1, f2, f3 = n0, n1, n2, n3
     # The partials are added in warp order, `per_round` warps at a time: the block's 512
@@ -335,9 +398,24 @@ def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False
     def kernel(x, xp, prepacked, packed, bias, has_bias, out, nw, eps):
         grid_dependency_sync()
         partial = cuda.shared.array((rows, 16, 32), float32)
-        _linear_mma_block(x, xp, prepacked and not one_group, packed, bias, has_bias, out,
-                          partial, warps, one_group, x_bf16, swiglu, norm, nw, eps,
-                          accumulate)  # fmt: skip
+        _linear_mma_block(
+            x,
+            xp,
+            prepacked and not one_group,
+            packed,
+            bias,
+            has_bias,
+            out,
+            partial,
+            warps,
+            one_group,
+            x_bf16,
+            swiglu,
+            norm,
+            nw,
+            eps,
+            accumulate,
+        )
 
     return kernel
 
@@ -442,8 +520,19 @@ def check_split_step(op: str, xp, w: PackedBF16, out, bias, *, swiglu=False):
     return bias
 
 
-def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, swiglu=False,
-               norm_weight=None, eps=0.0, accumulate=False, stream=0) -> None:  # fmt: skip
+def linear_mma(
+    x,
+    w: PackedBF16,
+    out,
+    *,
+    bias=None,
+    x_scratch=None,
+    swiglu=False,
+    norm_weight=None,
+    eps=0.0,
+    accumulate=False,
+    stream=0,
+) -> None:
     """out[M, N] = x[M, K] @ W.T (+ bias[N]) for W packed by pack_bf16. Device arrays; out
     must not overlap x. With x_scratch (uint32, at least x_scratch_words(M, K)), steps of more
     than PREPACK_ABOVE tokens split x once into it first instead of once per tile of W in
@@ -476,8 +565,10 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, swiglu=False
     if norm:
         check("linear_mma", "norm_weight", norm_weight, np.float32, 1, (k,))
     if (norm or accumulate) and m > PREPACK_ABOVE:
-        raise ValueError(f"linear_mma: norm_weight and accumulate take steps of at most "
-                         f"{PREPACK_ABOVE} tokens, got {m}")  # fmt: skip
+        raise ValueError(
+            f"linear_mma: norm_weight and accumulate take steps of at most "
+            f"{PREPACK_ABOVE} tokens, got {m}"
+        )
     if norm and accumulate:
         raise ValueError("linear_mma: norm_weight and accumulate do not go together")
     if accumulate and swiglu:
@@ -496,5 +587,6 @@ def linear_mma(x, w: PackedBF16, out, *, bias=None, x_scratch=None, swiglu=False
     grid = (-(-m // TOKENS), n // 16)
     # m <= 8: one token group
     kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16, swiglu, norm, accumulate]
-    kernel[grid, w.slices * 32, stream](x, xp, prepacked, packed, bias, has_bias, out, nw,
-                                        np.float32(eps))  # fmt: skip
+    kernel[grid, w.slices * 32, stream](
+        x, xp, prepacked, packed, bias, has_bias, out, nw, np.float32(eps)
+    )

@@ -6,17 +6,16 @@ linear_mma gives a block one 16-row tile of W and 32 tokens, so every block re-r
 x's fragments from L2: at 32 tokens that is 4x the bytes of W it streams. Here a block owns
 ROWS row tiles and reads each x fragment once for all of them: x is read ROWS times less often.
 Where the grid stays full with WIDE_ROWS row tiles a block (row_tiles_for), x is read half as
-often again: the larger steps, whose x reads outweigh W's (a serving step of 64 decodes and a
-128-token prompt: 0.6B gate_up 1.17x, qkv 1.23x on the H200).
+often again: that pays on the larger steps, whose x reads outweigh W's (a serving step of
+decodes and a prompt beside them).
 
 Bytes in flight: each warp streams its K tiles (ROWS tiles of W, then the x groups) into its
 own ring of STAGES stages in shared memory with cp.async, STAGES - 1 tiles ahead of the one
 its mmas use. The copies hold no registers, so a block keeps (STAGES - 1) x 3 KB a warp in
-flight where the register-buffered version held one tile (ncu on that one: DRAM 38-49% busy,
-issue 30-44%, waiting on loads). A warp's ring is its own: warp barriers order its copies
-and reads, no block barrier. H200 at 32 tokens: 8B gate_up 87.4 -> 74.9 us; ROWS x STAGES =
-2 x 4 (96 KB, two blocks an SM) was the fastest of 1 x 4, 2 x 3, 2 x 4, 2 x 5 and 4 x 3, or
-within 0.4 us of it, everywhere but gate_up at 64 tokens (4 x 3; BENCHMARKS.md).
+flight, where buffering fragments in registers holds one tile and leaves the kernel waiting
+on loads. A warp's ring is its own: warp barriers order its copies and reads, no block
+barrier. ROWS x STAGES = 2 x 4 (96 KB, two blocks an SM) came out best or close to it over
+the decode and mixed-step shapes among the ring geometries swept (BENCHMARKS.md, Kernels).
 
 Bits: the same as linear_mma's for every token. W's K tiles are dealt to w.slices slices
 (linear_mma's WARPS, or WIDE_WARPS for a wide W); the block's warps take them WARPS at a time
@@ -55,16 +54,14 @@ GROUPS = TOKENS // 8  # token groups per block (32 tokens, as linear_mma)
 THREADS = 32 * WARPS
 ROWS = 2  # row tiles of W per block
 # ... or WIDE_ROWS, x read half as often, where that still gives WIDE_MIN_BLOCKS blocks
-# (row_tiles_for). H200, W packed for bf16 x: 0.6B gate_up 31.3 -> 26.8 us at 184 tokens,
-# 40.4 -> 30.9 at 256, qkv 21.9 -> 17.8 at 184, 8B gate_up 123.5 -> 94.8 at 64; at 64 blocks
-# or fewer it was slower (0.6B o at 64 tokens 11.0 -> 14.8, 8B down at 16 39.9 -> 54.3), at
-# 96 level or ahead (0.6B o and down at 184 tokens, 8B qkv at 16). BENCHMARKS.md.
+# (row_tiles_for): wider blocks pay on the larger steps, but with too few blocks they leave
+# SMs idle and lose more than the x reads save (BENCHMARKS.md, Kernels).
 WIDE_ROWS = 4
 WIDE_MIN_BLOCKS = 1 if SIMULATOR else 96
 STAGES = 4  # K tiles a warp's ring holds: STAGES - 1 in flight during one's mmas
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}  # two blocks an SM
-# Blocks a step needs to run here (132 SMs on the H200, two blocks each fill them about
-# once); a step with fewer would leave SMs idle and stays in linear_mma (rows_pay).
+# Blocks a step needs to run here (two blocks an SM fill a 132-SM GPU about once); a step
+# with fewer would leave SMs idle and stays in linear_mma (rows_pay).
 MIN_BLOCKS = 1 if SIMULATOR else 128
 SUMS = 16 * 32 // THREADS  # a row tile's running sums a thread holds
 _WAIT_OLDEST = copy_async_waiter(STAGES - 1)  # the oldest of STAGES copy groups has landed
@@ -109,13 +106,19 @@ def _kernels_for(rows: int) -> dict:
             for u in range(GROUPS // 2):
                 j, piece = 2 * u + lane // 16, lane % 16
                 if j < groups:
-                    copy_async16_to(ring, at + j * X_BF16_TILE_WORDS + 4 * piece, xp, g0 + j,
-                                    xk * X_BF16_TILE_WORDS + 4 * piece)  # fmt: skip
+                    copy_async16_to(
+                        ring,
+                        at + j * X_BF16_TILE_WORDS + 4 * piece,
+                        xp,
+                        g0 + j,
+                        xk * X_BF16_TILE_WORDS + 4 * piece,
+                    )
         else:
             for j in range(GROUPS):
                 if j < groups:
-                    copy_async16_to(ring, at + j * TILE_WORDS + 4 * lane, xp, g0 + j,
-                                    xk * TILE_WORDS + 4 * lane)  # fmt: skip
+                    copy_async16_to(
+                        ring, at + j * TILE_WORDS + 4 * lane, xp, g0 + j, xk * TILE_WORDS + 4 * lane
+                    )
 
     @cuda.jit(device=True)
     def _mmas(ring, at, lane, groups, acc, x_bf16):
@@ -144,24 +147,64 @@ def _kernels_for(rows: int) -> dict:
                     acc[c], acc[c + 1], acc[c + 2], acc[c + 3] = c0, c1, c2, c3
 
     @cuda.jit(device=True)
-    def _slice_sum(ring, ring_at, stage_words, packed, xp, nt0, last_tile, g0, groups, v, slices,
-                   trips, last_x, lane, acc, x_bf16):  # fmt: skip
+    def _slice_sum(
+        ring,
+        ring_at,
+        stage_words,
+        packed,
+        xp,
+        nt0,
+        last_tile,
+        g0,
+        groups,
+        v,
+        slices,
+        trips,
+        last_x,
+        lane,
+        acc,
+        x_bf16,
+    ):
         """acc = this warp's products over slice v of K (tiles v, v + slices, .., trips of them),
         summed from +0 in order, the tiles streamed through the warp's ring."""
         for e in range(acc_size):
             acc[e] = np.float32(0.0)
         for t in range(STAGES - 1):  # the first STAGES - 1 tiles in flight (trips >= UNROLL)
             if t < trips:
-                _copy_tile(ring, ring_at + t * stage_words, packed, xp, nt0, last_tile, g0,
-                           groups, v + t * slices, last_x, lane, x_bf16)  # fmt: skip
+                _copy_tile(
+                    ring,
+                    ring_at + t * stage_words,
+                    packed,
+                    xp,
+                    nt0,
+                    last_tile,
+                    g0,
+                    groups,
+                    v + t * slices,
+                    last_x,
+                    lane,
+                    x_bf16,
+                )
             copy_async_commit()
         ahead = STAGES - 1  # the stage tile t + STAGES - 1 goes to: the one tile t - 1 used
         here = 0  # the stage of tile t
         for t in range(trips):
             sync_warp()  # every lane is done with tile t - 1's stage before it is refilled
             if t + STAGES - 1 < trips:
-                _copy_tile(ring, ring_at + ahead * stage_words, packed, xp, nt0, last_tile, g0,
-                           groups, v + (t + STAGES - 1) * slices, last_x, lane, x_bf16)  # fmt: skip
+                _copy_tile(
+                    ring,
+                    ring_at + ahead * stage_words,
+                    packed,
+                    xp,
+                    nt0,
+                    last_tile,
+                    g0,
+                    groups,
+                    v + (t + STAGES - 1) * slices,
+                    last_x,
+                    lane,
+                    x_bf16,
+                )
             copy_async_commit()  # (an empty group past the end keeps the count)
             _WAIT_OLDEST()  # tile t's copies, this lane's, have landed
             sync_warp()  # and the other lanes' (x_bf16 lanes read chunks others copied)
@@ -170,8 +213,21 @@ def _kernels_for(rows: int) -> dict:
             here = here + 1 if here + 1 < STAGES else 0
 
     @cuda.jit(device=True)
-    def _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums,
-                    stage_words, x_bf16, swiglu):  # fmt: skip
+    def _rows_block(
+        xp,
+        packed,
+        bias,
+        has_bias,
+        out,
+        slices,
+        ring,
+        partial,
+        acc,
+        sums,
+        stage_words,
+        x_bf16,
+        swiglu,
+    ):
         M, N = out.shape
         if swiglu:
             N *= 2
@@ -190,8 +246,24 @@ def _kernels_for(rows: int) -> dict:
         # the running sums in slice order (one row tile at a time, through the rings' memory):
         # the additions of linear_mma's block, one after another in slice order.
         for p in range(slices // WARPS):
-            _slice_sum(ring, ring_at, stage_words, packed, xp, nt0, last_tile, g0, groups,
-                       p * WARPS + warp, slices, trips, last_x, lane, acc, x_bf16)  # fmt: skip
+            _slice_sum(
+                ring,
+                ring_at,
+                stage_words,
+                packed,
+                xp,
+                nt0,
+                last_tile,
+                g0,
+                groups,
+                p * WARPS + warp,
+                slices,
+                trips,
+                last_x,
+                lane,
+                acc,
+                x_bf16,
+            )
             cuda.syncthreads()  # every warp is done with its ring: the partials reuse the memory
             for i in range(rows):
                 for q in range(16):
@@ -241,8 +313,21 @@ def _kernels_for(rows: int) -> dict:
             partial = cuda.shared.array(0, float32)
             acc = cuda.local.array(acc_size, float32)  # registers: constant indices once unrolled
             sums = cuda.local.array(all_sums, float32)
-            _rows_block(xp, packed, bias, has_bias, out, slices, ring, partial, acc, sums,
-                        stage_words, x_bf16, swiglu)  # fmt: skip
+            _rows_block(
+                xp,
+                packed,
+                bias,
+                has_bias,
+                out,
+                slices,
+                ring,
+                partial,
+                acc,
+                sums,
+                stage_words,
+                x_bf16,
+                swiglu,
+            )
 
         return kernel
 

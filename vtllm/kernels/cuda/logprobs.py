@@ -119,8 +119,9 @@ def _sample_logprobs_kernel(logits, slots, num_logprobs, out_tokens, lp, rank, i
     s, tok = slots[b], out_tokens[b]
     if s < 0 or s >= num_logprobs.shape[0] or tok < 0 or num_logprobs[s] < 0:
         return  # padding, rows the sampler skipped, and slots without logprobs: untouched
-    raw_logprobs(logits, b, tok, imin(num_logprobs[s], ids.shape[1]), lp, rank, ids, lps,
-                 sf, sd, si)  # fmt: skip
+    raw_logprobs(
+        logits, b, tok, imin(num_logprobs[s], ids.shape[1]), lp, rank, ids, lps, sf, sd, si
+    )
 
 
 @cuda.jit(cache=True)
@@ -135,9 +136,12 @@ def _prompt_logprobs_kernel(logits, next_ids, k, lp, rank, ids, lps):
 
 def check_logprobs_out(op: str, out, B: int) -> None:
     for name, a, dtype, shape in zip(
-        LogprobsOut._fields, out, (np.float32, np.int32, np.int32, np.float32),
-        ((B,), (B,), (B, MAX_TOP_LOGPROBS), (B, MAX_TOP_LOGPROBS)), strict=True,
-    ):  # fmt: skip
+        LogprobsOut._fields,
+        out,
+        (np.float32, np.int32, np.int32, np.float32),
+        ((B,), (B,), (B, MAX_TOP_LOGPROBS), (B, MAX_TOP_LOGPROBS)),
+        strict=True,
+    ):
         check(op, f"out_logprobs.{name}", a, dtype, len(shape), shape)
 
 
@@ -148,8 +152,9 @@ def launch_sample_logprobs(logits, slots, num_logprobs, out_tokens, out, stream)
     )
 
 
-def prompt_logprobs(logits, next_ids, k, out_logprob, out_rank, out_top_ids, out_top_logprobs,
-                    *, stream=0) -> None:  # fmt: skip
+def prompt_logprobs(
+    logits, next_ids, k, out_logprob, out_rank, out_top_ids, out_top_logprobs, *, stream=0
+) -> None:
     """Raw log_softmax at each position t of logits [T, V] float32 (device arrays): logprob
     and rank of next_ids[t] (-1, or any id outside the vocabulary: nan and rank 0) and the top
     k <= 20 into out_top_* [T, >= k]; columns past k get -1 / -inf."""

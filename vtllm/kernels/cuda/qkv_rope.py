@@ -37,8 +37,9 @@ def rotated(x, partner, c, s, lower):
 
 
 @cuda.jit(cache=True)
-def _qkv_rope_kernel(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, q_norm,
-                     k_norm, eps, has_norm):  # fmt: skip
+def _qkv_rope_kernel(
+    qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, q_norm, k_norm, eps, has_norm
+):
     grid_dependency_sync()
     t, j, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     Hq, D = q.shape[1], q.shape[2]
@@ -72,8 +73,9 @@ def _qkv_rope_kernel(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin,
         kv_store(v_cache, slot // bs, slot % bs, h, tid, qkv[t, (Hq + Hk + h) * D + tid])
 
 
-def check_qkv_rope(op, qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, q_norm,
-                   k_norm) -> bool:  # fmt: skip
+def check_qkv_rope(
+    op, qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, q_norm, k_norm
+) -> bool:
     """qkv_rope's checks of its arguments against q [T, Hq, D] (checked by the caller), under
     the name op; returns whether the norms are applied."""
     T, Hq, D = q.shape
@@ -96,15 +98,28 @@ def check_qkv_rope(op, qkv, q, k_cache, v_cache, slot_mapping, positions, cos_si
     return has_norm
 
 
-def qkv_rope(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, *, q_norm=None,
-             k_norm=None, stream=0) -> None:  # fmt: skip
+def qkv_rope(
+    qkv,
+    q,
+    k_cache,
+    v_cache,
+    slot_mapping,
+    positions,
+    cos_sin,
+    eps,
+    *,
+    q_norm=None,
+    k_norm=None,
+    stream=0,
+) -> None:
     """From qkv [T, (Hq + 2 Hk) D] float32: q [T, Hq, D] <- rope(norm(q heads)), and the cache
     rows k_cache / v_cache [num_blocks, block_size, Hk, D] at slot_mapping[t] <- rope(norm(k
     heads)) and the v heads (float32 caches, or bf16 bits as uint16: rounded to nearest even).
     Norms (weights [D]) are applied when both are given."""
     check("qkv_rope", "q", q, np.float32, 3)
-    has_norm = check_qkv_rope("qkv_rope", qkv, q, k_cache, v_cache, slot_mapping, positions,
-                              cos_sin, q_norm, k_norm)  # fmt: skip
+    has_norm = check_qkv_rope(
+        "qkv_rope", qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, q_norm, k_norm
+    )
     T, Hq, D = q.shape
     Hk = k_cache.shape[2]
     if not has_norm:
@@ -112,6 +127,16 @@ def qkv_rope(qkv, q, k_cache, v_cache, slot_mapping, positions, cos_sin, eps, *,
     if T == 0:
         return
     threads = max(32, -(-D // 32) * 32)
-    _qkv_rope_kernel[(T, Hq + Hk), threads, stream](qkv, q, k_cache, v_cache, slot_mapping,
-                                                    positions, cos_sin, q_norm, k_norm,
-                                                    np.float32(eps), has_norm)  # fmt: skip
+    _qkv_rope_kernel[(T, Hq + Hk), threads, stream](
+        qkv,
+        q,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        positions,
+        cos_sin,
+        q_norm,
+        k_norm,
+        np.float32(eps),
+        has_norm,
+    )

@@ -8,7 +8,7 @@ position], num_tokens[slot]) so sampled ids never leave the device until the hos
   2. greedy (temperature < GREEDY_EPS): argmax, ties to the lowest id. The row's max and its
      lowest id come from PARTS blocks a row (`_argmax_parts_kernel`, one slice of the
      vocabulary each, into scratch), which the row's block then reduces: one block reading a
-     152k-token row alone made the sampler ~33 us a step on the H200, now ~12;
+     152k-token row alone would make the argmax the sampler's longest part;
   3. else e_i = exp((w_i - max) / T) in float64 (0 at or below EXP_CUTOFF) and the CPU's
      uniform u = splitmix64(seed, position). With no filter: the first id, in vocabulary
      order, whose running sum of e exceeds u * sum(e) (each thread sums a contiguous chunk;
@@ -42,8 +42,8 @@ from vtllm.kernels.sampling_table import GREEDY_EPS, TABLE_LAYOUT, SamplingTable
 
 __all__ = ["SamplerScratch", "device_table", "sample"]
 
-# ptxas for sm_90 gives the sample kernel 79 registers and 23 KB of shared memory: 512 threads
-# fit an SM (1024 would need 80K registers of its 64K)
+# 512 threads: the sample kernel needs more than 64 registers a thread, so 1024 would not fit
+# an SM's 64K registers
 THREADS = 32 if SIMULATOR else 512
 PARTS = 4 if SIMULATOR else 64  # slices of a row's argmax, a block each (at most THREADS)
 PART_THREADS = 32 if SIMULATOR else 256
@@ -110,9 +110,22 @@ def _skipped(slots, positions, token_ids, b):
 
 
 @cuda.jit(cache=True)
-def _argmax_parts_kernel(logits, slots, positions, presence, frequency, repetition, min_tokens,
-                         prompt_len, num_bias, num_min_stop, token_ids, values, part_max,
-                         part_id):  # fmt: skip
+def _argmax_parts_kernel(
+    logits,
+    slots,
+    positions,
+    presence,
+    frequency,
+    repetition,
+    min_tokens,
+    prompt_len,
+    num_bias,
+    num_min_stop,
+    token_ids,
+    values,
+    part_max,
+    part_id,
+):
     """Block (b, p): the max of slice p of row b (the adjusted row where it is adjusted) and
     its lowest id, into part_max / part_id[b, p]."""
     grid_dependency_sync()
@@ -125,8 +138,9 @@ def _argmax_parts_kernel(logits, slots, positions, presence, frequency, repetiti
     width = (V + cuda.gridDim.y - 1) // cuda.gridDim.y
     lo, hi = p * width, imin(V, p * width + width)
     s, pos = slots[b], positions[b]
-    if adjusted(s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias,
-                num_min_stop):  # fmt: skip
+    if adjusted(
+        s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias, num_min_stop
+    ):
         best, bi = _thread_argmax(values, b, lo + tid, nt, hi, V)
     else:
         best, bi = _thread_argmax(logits, b, lo + tid, nt, hi, V)
@@ -175,8 +189,7 @@ def _draw_in_id_order(logits, values, adj, b, m, inv_t, u, tm, ri):
 
 
 @cuda.jit(device=True)
-def _draw_filtered(logits, values, adj, b, m, inv_t, u, k, p, mp, sd, si, hh, hl, tc, tm,
-                   ri, rf):  # fmt: skip
+def _draw_filtered(logits, values, adj, b, m, inv_t, u, k, p, mp, sd, si, hh, hl, tc, tm, ri, rf):
     """min_p, top_k, top_p on the renormalized rest, then the draw (the CPU's order)."""
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x
     V = logits.shape[1]
@@ -195,20 +208,43 @@ def _draw_filtered(logits, values, adj, b, m, inv_t, u, k, p, mp, sd, si, hh, hl
         return np.int64(0)
     cut_key, cut_id = np.int64(0), np.int64(-1)  # (0, -1): every token with e > 0
     if 0 < k < num_pos:
-        cut_key, cut_id, kept = select(values, b, COUNT, np.int64(k), 0.0, cut_key, cut_id,
-                                       hh, hl, tc, tm, ri, rf)  # fmt: skip
+        cut_key, cut_id, kept = select(
+            values, b, COUNT, np.int64(k), 0.0, cut_key, cut_id, hh, hl, tc, tm, ri, rf
+        )
     if p < 1.0:
-        cut_key, cut_id, kept = select(values, b, AT_LEAST, np.int64(0), p * kept, cut_key,
-                                       cut_id, hh, hl, tc, tm, ri, rf)  # fmt: skip
-    _, tok, _ = select(values, b, ABOVE, np.int64(0), u * kept, cut_key, cut_id, hh, hl,
-                       tc, tm, ri, rf)  # fmt: skip
+        cut_key, cut_id, kept = select(
+            values, b, AT_LEAST, np.int64(0), p * kept, cut_key, cut_id, hh, hl, tc, tm, ri, rf
+        )
+    _, tok, _ = select(
+        values, b, ABOVE, np.int64(0), u * kept, cut_key, cut_id, hh, hl, tc, tm, ri, rf
+    )
     return tok
 
 
 @cuda.jit(cache=True)
-def _sample_kernel(logits, slots, positions, temperature, seed, top_k, top_p, min_p, presence,
-                   frequency, repetition, min_tokens, prompt_len, num_bias, num_min_stop,
-                   token_ids, num_tokens, values, part_max, part_id, out_tokens):  # fmt: skip
+def _sample_kernel(
+    logits,
+    slots,
+    positions,
+    temperature,
+    seed,
+    top_k,
+    top_p,
+    min_p,
+    presence,
+    frequency,
+    repetition,
+    min_tokens,
+    prompt_len,
+    num_bias,
+    num_min_stop,
+    token_ids,
+    num_tokens,
+    values,
+    part_max,
+    part_id,
+    out_tokens,
+):
     grid_dependency_sync()
     b, tid, nt = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
     V = logits.shape[1]
@@ -225,8 +261,9 @@ def _sample_kernel(logits, slots, positions, temperature, seed, top_k, top_p, mi
     tm = cuda.shared.array(THREADS, float64)
     ri = cuda.shared.array(8, int64)
     rf = cuda.shared.array(4, float64)
-    adj = adjusted(s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias,
-                   num_min_stop)  # fmt: skip
+    adj = adjusted(
+        s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias, num_min_stop
+    )
     best, bi = -np.inf, np.int32(V)  # the slices' maxima (max and lowest id: any order)
     for p in range(tid, part_max.shape[1], nt):
         x, i = part_max[b, p], part_id[b, p]
@@ -241,8 +278,9 @@ def _sample_kernel(logits, slots, positions, temperature, seed, top_k, top_p, mi
         k, p, mp = top_k[s], np.float64(top_p[s]), np.float64(min_p[s])
         u = uniform(seed[s], pos)
         if mp > 0.0 or 0 < k < V or p < 1.0:
-            tok = _draw_filtered(logits, values, adj, b, best, 1.0 / t, u, k, p, mp, sd, si,
-                                 hh, hl, tc, tm, ri, rf)  # fmt: skip
+            tok = _draw_filtered(
+                logits, values, adj, b, best, 1.0 / t, u, k, p, mp, sd, si, hh, hl, tc, tm, ri, rf
+            )
         else:
             tok = _draw_in_id_order(logits, values, adj, b, best, 1.0 / t, u, tm, ri)
     if tid == 0:
@@ -277,9 +315,19 @@ def _check_table(table, S: int) -> None:
         check("sample", f"table.{name}", getattr(table, name), dtype, len(shape), shape)
 
 
-def sample(logits, slots, positions, table: SamplingTable, token_ids, num_tokens, out_tokens, *,
-           out_logprobs: LogprobsOut | None = None, scratch: SamplerScratch | None = None,
-           stream=0) -> None:  # fmt: skip
+def sample(
+    logits,
+    slots,
+    positions,
+    table: SamplingTable,
+    token_ids,
+    num_tokens,
+    out_tokens,
+    *,
+    out_logprobs: LogprobsOut | None = None,
+    scratch: SamplerScratch | None = None,
+    stream=0,
+) -> None:
     """Sample one token per row into out_tokens and the mirror: token_ids[slot, position] and
     num_tokens[slot] = position + 1. Rows with slot -1 are padding (token -1, nothing written);
     so are rows whose slot or position is out of range (the launcher cannot see device values).
@@ -316,16 +364,43 @@ def sample(logits, slots, positions, table: SamplingTable, token_ids, num_tokens
         scratch = _default_scratch(B, V)
     launch_adjust(logits, slots, positions, table, token_ids, scratch, THREADS, stream)
     _argmax_parts_kernel[(B, PARTS), PART_THREADS, stream](
-        logits, slots, positions, table.presence_penalty, table.frequency_penalty,
-        table.repetition_penalty, table.min_tokens, table.prompt_len, table.num_bias,
-        table.num_min_stop_ids, token_ids, scratch.values, scratch.part_max, scratch.part_id,
-    )  # fmt: skip
+        logits,
+        slots,
+        positions,
+        table.presence_penalty,
+        table.frequency_penalty,
+        table.repetition_penalty,
+        table.min_tokens,
+        table.prompt_len,
+        table.num_bias,
+        table.num_min_stop_ids,
+        token_ids,
+        scratch.values,
+        scratch.part_max,
+        scratch.part_id,
+    )
     _sample_kernel[B, THREADS, stream](
-        logits, slots, positions, table.temperature, table.seed, table.top_k, table.top_p,
-        table.min_p, table.presence_penalty, table.frequency_penalty, table.repetition_penalty,
-        table.min_tokens, table.prompt_len, table.num_bias, table.num_min_stop_ids, token_ids,
-        num_tokens, scratch.values, scratch.part_max, scratch.part_id, out_tokens,
-    )  # fmt: skip
+        logits,
+        slots,
+        positions,
+        table.temperature,
+        table.seed,
+        table.top_k,
+        table.top_p,
+        table.min_p,
+        table.presence_penalty,
+        table.frequency_penalty,
+        table.repetition_penalty,
+        table.min_tokens,
+        table.prompt_len,
+        table.num_bias,
+        table.num_min_stop_ids,
+        token_ids,
+        num_tokens,
+        scratch.values,
+        scratch.part_max,
+        scratch.part_id,
+        out_tokens,
+    )
     if out_logprobs is not None:
-        launch_sample_logprobs(logits, slots, table.num_logprobs, out_tokens, out_logprobs,
-                               stream)  # fmt: skip
+        launch_sample_logprobs(logits, slots, table.num_logprobs, out_tokens, out_logprobs, stream)

@@ -19,8 +19,9 @@ _SEEN = np.int32(1 << 30)  # flag: the token occurs in the history; low bits cou
 
 
 @cuda.jit(device=True)
-def adjusted(s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias,
-             num_min_stop):  # fmt: skip
+def adjusted(
+    s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias, num_min_stop
+):
     """Whether slot s at position pos needs any adjustment (the same answer in both kernels)."""
     if num_bias[s] > 0 or presence[s] != 0.0 or frequency[s] != 0.0 or repetition[s] != 1.0:
         return True
@@ -34,17 +35,33 @@ def out_start(s, pos, prompt_len):
 
 
 @cuda.jit(cache=True)
-def _adjust_kernel(logits, slots, positions, presence, frequency, repetition, min_tokens,
-                   prompt_len, bias_ids, bias_values, num_bias, min_stop_ids, num_min_stop,
-                   token_ids, values, counts):  # fmt: skip
+def _adjust_kernel(
+    logits,
+    slots,
+    positions,
+    presence,
+    frequency,
+    repetition,
+    min_tokens,
+    prompt_len,
+    bias_ids,
+    bias_values,
+    num_bias,
+    min_stop_ids,
+    num_min_stop,
+    token_ids,
+    values,
+    counts,
+):
     grid_dependency_sync()
     b, tid, nt = cuda.blockIdx.x, cuda.threadIdx.x, cuda.blockDim.x
     V = logits.shape[1]
     s, pos = slots[b], positions[b]
     if s < 0 or s >= token_ids.shape[0] or pos < 0 or pos >= token_ids.shape[1]:
         return
-    if not adjusted(s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias,
-                    num_min_stop):  # fmt: skip
+    if not adjusted(
+        s, pos, presence, frequency, repetition, min_tokens, prompt_len, num_bias, num_min_stop
+    ):
         return
     for i in range(tid, V, nt):
         values[b, i] = np.float64(logits[b, i])
@@ -96,8 +113,20 @@ def _adjust_kernel(logits, slots, positions, presence, frequency, repetition, mi
 
 def launch_adjust(logits, slots, positions, table, token_ids, scratch, threads, stream) -> None:
     _adjust_kernel[logits.shape[0], threads, stream](
-        logits, slots, positions, table.presence_penalty, table.frequency_penalty,
-        table.repetition_penalty, table.min_tokens, table.prompt_len, table.bias_ids,
-        table.bias_values, table.num_bias, table.min_stop_ids, table.num_min_stop_ids,
-        token_ids, scratch.values, scratch.counts,
-    )  # fmt: skip
+        logits,
+        slots,
+        positions,
+        table.presence_penalty,
+        table.frequency_penalty,
+        table.repetition_penalty,
+        table.min_tokens,
+        table.prompt_len,
+        table.bias_ids,
+        table.bias_values,
+        table.num_bias,
+        table.min_stop_ids,
+        table.num_min_stop_ids,
+        token_ids,
+        scratch.values,
+        scratch.counts,
+    )

@@ -166,13 +166,29 @@ def select(e, b, mode, target_c, target_m, set_key, set_id, hh, hl, tc, tm, ri, 
         prefix = (prefix << width) | digit
         if n <= 1:
             break
-    return _find(e, b, mode, target_c, target_m, set_key, set_id, prefix, shift, n,
-                 above_c, above_m, tc, ri, rf)  # fmt: skip
+    return _find(
+        e,
+        b,
+        mode,
+        target_c,
+        target_m,
+        set_key,
+        set_id,
+        prefix,
+        shift,
+        n,
+        above_c,
+        above_m,
+        tc,
+        ri,
+        rf,
+    )
 
 
 @cuda.jit(device=True)
-def _find(e, b, mode, target_c, target_m, set_key, set_id, prefix, shift, n, above_c,
-          above_m, tc, ri, rf):  # fmt: skip
+def _find(
+    e, b, mode, target_c, target_m, set_key, set_id, prefix, shift, n, above_c, above_m, tc, ri, rf
+):
     """The j-th token by id among the candidates left in the chosen bin (n of them; when
     n > 1 they all hold the same value)."""
     tid, nt = cuda.threadIdx.x, cuda.blockDim.x

@@ -6,7 +6,7 @@ import time
 
 from vtllm.config import EngineConfig
 from vtllm.errors import InvalidParameter
-from vtllm.executor.backend import CpuBackend
+from vtllm.executor.backend import CpuBackend, cpu_ops
 from vtllm.executor.kv_cache import (
     allocate_kv_cache,
     free_host_memory,
@@ -74,11 +74,7 @@ def resolved_dtype(setting: str, device: str) -> str:
 
 
 def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
-    if config.cpu_numerics == "fast":  # int8 activations in quantized matmuls
-        from vtllm.kernels.cpu import fast as ops
-    else:
-        from vtllm.kernels import cpu as ops
-
+    ops = cpu_ops(config.cpu_numerics)
     if config.kv_cache_dtype == "bfloat16":  # auto is float32 here
         raise InvalidParameter(
             "kv_cache_dtype bfloat16 runs on the cuda device only; the cpu backend stores float32",

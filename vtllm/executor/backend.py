@@ -21,6 +21,17 @@ from vtllm.executor.shadow import replay_chunk
 from vtllm.scheduler.plan import StepPlan, StepResult
 
 
+def cpu_ops(numerics: str):
+    """The CPU kernel table the runner calls as `ops`: "fast" runs int8 activations in quantized
+    matmuls, anything else the exact float32 kernels. Imported on call: kernels.cpu compiles its
+    njit kernels on import."""
+    if numerics == "fast":
+        from vtllm.kernels.cpu import fast as ops
+    else:
+        from vtllm.kernels import cpu as ops
+    return ops
+
+
 @dataclass(slots=True)
 class InFlightStep:
     step_id: int

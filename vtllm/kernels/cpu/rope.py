@@ -4,13 +4,14 @@ Elementwise per (token, head): the result depends only on that row and its posit
 same IEEE ops (no FMA contraction without fastmath) run in any vector body or scalar tail.
 """
 
-import math
-
 import numpy as np
 from numba import njit
 from numba.core import types
 
 from vtllm.kernels.cpu._simd import carray
+from vtllm.kernels.rope_table import rope_cos_sin, rope_inv_freq
+
+__all__ = ["rope_cos_sin", "rope_inv_freq", "rotary"]
 
 _F = types.float32
 _SIG = types.int64(carray(_F, 3), carray(_F, 3), carray(types.int32, 1, True), carray(_F, 2, True))
@@ -80,36 +81,3 @@ def rotary(q: np.ndarray, k: np.ndarray, positions: np.ndarray, cos_sin: np.ndar
         raise ValueError(
             f"rotary: position {positions[bad]} at {bad} is outside [0, {cos_sin.shape[0]})"
         )
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
-    """float64 [head_dim/2] inverse frequencies, as HF transformers derives them."""
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64) / head_dim))
-    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
-    if kind in (None, "default"):
-        return inv_freq
-    if kind == "linear":
-        return inv_freq / scaling["factor"]
-    if kind == "llama3":  # HF _compute_llama3_parameters
-        factor = scaling["factor"]
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old_len = scaling["original_max_position_embeddings"]
-        low_wavelen, high_wavelen = old_len / low, old_len / high
-        wavelen = 2 * math.pi / inv_freq
-        llama = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * llama / factor + smooth * llama
-        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-        return np.where(medium, smoothed, llama)
-    raise ValueError(f"rope_cos_sin: unsupported rope scaling type {kind!r}")
-
-
-def rope_cos_sin(
-    max_pos: int, head_dim: int, theta: float, *, scaling: dict | None = None
-) -> np.ndarray:
-    """float32 [max_pos, head_dim]: cos(p * inv_freq) in [:, :D/2], sin in [:, D/2:], computed
-    in float64 and rounded once."""
-    if head_dim % 2:
-        raise ValueError(f"rope_cos_sin: head_dim must be even, got {head_dim}")
-    freqs = np.arange(max_pos, dtype=np.float64)[:, None] * rope_inv_freq(head_dim, theta, scaling)
-    return np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1).astype(np.float32)

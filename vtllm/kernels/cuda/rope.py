@@ -10,6 +10,7 @@ from numba import cuda
 from vtllm.kernels.cuda._device import SIMULATOR
 from vtllm.kernels.cuda._host import check
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
+from vtllm.kernels.rope_table import rope_cos_sin  # the host table, copied to the device once
 
 __all__ = ["rope_cos_sin", "rotary"]
 
@@ -40,14 +41,6 @@ def _rotary_kernel(q, k, positions, cos_sin):
             _rotate(q, t, j // half, j % half, cos_sin, p, half)
         else:
             _rotate(k, t, (j - nq) // half, (j - nq) % half, cos_sin, p, half)
-
-
-def rope_cos_sin(max_pos: int, head_dim: int, theta: float, *, scaling: dict | None = None):
-    """The host-side float32 [max_pos, head_dim] table (kernels.cpu.rope.rope_cos_sin); copy it
-    to the device once. Imported on call: kernels.cpu compiles its njit kernels on import."""
-    from vtllm.kernels.cpu.rope import rope_cos_sin as host_table
-
-    return host_table(max_pos, head_dim, theta, scaling=scaling)
 
 
 def rotary(q, k, positions, cos_sin, *, stream=0) -> None:

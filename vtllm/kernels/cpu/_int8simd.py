@@ -8,8 +8,9 @@ arithmetic is spelled in generic IR (widen, multiply, add groups of four), which
 target compiles. Integer sums are exact, so both give the same bits; tests compare them.
 
 Why an intrinsic: numba's plain loop `acc += int32(w[k]) * int32(x[k])` is vectorized by
-LLVM 22 with vpmovzxbd / vpmovsxbd widening and 32-bit multiplies (no vpdpbusd, vpmaddubsw
-or vpmaddwd in `inspect_asm`), about 4x more instructions per product.
+LLVM with vpmovzxbd / vpmovsxbd widening and 32-bit multiplies (no vpdpbusd, vpmaddubsw or
+vpmaddwd in `inspect_asm`): several instructions per product where vpdpbusd does four
+products in one.
 """
 
 import llvmlite.binding as llb

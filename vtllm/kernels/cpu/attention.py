@@ -39,12 +39,20 @@ from vtllm.kernels.cpu._simd import (
 
 _F, _I = types.float32, types.int32
 # k, v, k_cache, v_cache, slot_mapping
-_WRITE_SIG = types.int64(carray(_F, 3, True), carray(_F, 3, True), carray(_F, 4), carray(_F, 4),
-                         carray(_I, 1, True))  # fmt: skip
+_WRITE_SIG = types.int64(
+    carray(_F, 3, True), carray(_F, 3, True), carray(_F, 4), carray(_F, 4), carray(_I, 1, True)
+)
 # q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out
-_ATTN_SIG = types.int64(carray(_F, 3, True), carray(_F, 4, True), carray(_F, 4, True),
-                        carray(_I, 2, True), carray(_I, 1, True), carray(_I, 1, True), _F,
-                        carray(_F, 3))  # fmt: skip
+_ATTN_SIG = types.int64(
+    carray(_F, 3, True),
+    carray(_F, 4, True),
+    carray(_F, 4, True),
+    carray(_I, 2, True),
+    carray(_I, 1, True),
+    carray(_I, 1, True),
+    _F,
+    carray(_F, 3),
+)
 
 
 @njit(_WRITE_SIG, nogil=True, cache=True)
@@ -284,8 +292,9 @@ def paged_attention(
     _check("paged_attention", "block_tables", block_tables, np.int32, 2)
     _check("paged_attention", "seq_lens", seq_lens, np.int32, 1)
     _check("paged_attention", "query_start_loc", query_start_loc, np.int32, 1)
-    check_attention_shapes("paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens,
-                           query_start_loc)  # fmt: skip
+    check_attention_shapes(
+        "paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc
+    )
     t, s = q.shape[0], seq_lens.shape[0]
     if s == 0:
         return

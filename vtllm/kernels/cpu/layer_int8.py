@@ -1,8 +1,8 @@
 """One whole decoder layer of the `fast` numerics in a single call. Hot path: keep it lean.
 
 A decode step of a small model is mostly fixed costs: ~10 Python-level launches per layer
-(argument checks, dispatch, reacquiring the GIL), each a few microseconds, against a few tens
-of microseconds of math. Here one njit function per layer calls the same compiled kernels the
+(argument checks, dispatch, reacquiring the GIL), whose overhead together is of the order of
+the layer's math. Here one njit function per layer calls the same compiled kernels the
 launchers call (norm, int8 linear, rotary, KV write, paged attention, silu) in the order of
 models.llama's generic loop, on the same buffers, so every output bit is the one the generic
 loop produces (tests/models/test_fast_numerics.py compares them).
@@ -10,7 +10,7 @@ loop produces (tests/models/test_fast_numerics.py compares them).
 The on-disk cache needs care here: a cached caller embeds its callees' machine code, and numba
 only checks the caller's own file for changes, so an edit to attention.py (for instance) would
 leave a cached layer running the old attention. `_stamp_with` makes the cache entry's stamp
-cover every file whose code ends up inside. Compiling the layer takes ~10 s (once per machine
+cover every file whose code ends up inside. Compiling the layer is slow (once per machine
 and change); without the cache every process would pay it.
 """
 
@@ -76,10 +76,41 @@ def _fits(w, qt, k, n):
 
 
 @njit(nogil=True, cache=True)
-def _layer(first, residual, h, x, qkv, q, k, v, attn, gate_up, act,
-           attn_norm, w_qkv, qt_qkv, bias_qkv, w_o, qt_o, ffn_norm, w_gu, qt_gu, w_down, qt_down,
-           eps, k_cache, v_cache, positions, cos_sin, slot_mapping, block_tables, seq_lens,
-           query_start_loc, scale, nthr):  # fmt: skip
+def _layer(
+    first,
+    residual,
+    h,
+    x,
+    qkv,
+    q,
+    k,
+    v,
+    attn,
+    gate_up,
+    act,
+    attn_norm,
+    w_qkv,
+    qt_qkv,
+    bias_qkv,
+    w_o,
+    qt_o,
+    ffn_norm,
+    w_gu,
+    qt_gu,
+    w_down,
+    qt_down,
+    eps,
+    k_cache,
+    v_cache,
+    positions,
+    cos_sin,
+    slot_mapping,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    nthr,
+):
     T, H = x.shape
     qs, kvs = q.shape[1] * q.shape[2], k.shape[1] * k.shape[2]
     inter = act.shape[1]
@@ -157,12 +188,15 @@ def _stamp_with(dispatcher, modules) -> None:
     cache_file._source_stamp = tuple(stamps)
 
 
-_stamp_with(_layer, (kernels, _int8simd, _simd, activation, attention, linear_int8, norm, quant,
-                     quant_int8, rope))  # fmt: skip
+_stamp_with(
+    _layer,
+    (kernels, _int8simd, _simd, activation, attention, linear_int8, norm, quant, quant_int8, rope),
+)
 
 
-def layer_weights(attn_norm, w_qkv, qt_qkv, bias_qkv, w_o, qt_o, ffn_norm, w_gate_up,
-                  qt_gate_up, w_down, qt_down) -> tuple | None:  # fmt: skip
+def layer_weights(
+    attn_norm, w_qkv, qt_qkv, bias_qkv, w_o, qt_o, ffn_norm, w_gate_up, qt_gate_up, w_down, qt_down
+) -> tuple | None:
     """The `weights` argument of decoder_layer for one layer (bias_qkv may be None), or None
     when a matrix is of a type without int8 kernels. Arrays become read-only views, so every
     layer of every model calls one compiled specialization."""
@@ -173,8 +207,19 @@ def layer_weights(attn_norm, w_qkv, qt_qkv, bias_qkv, w_o, qt_o, ffn_norm, w_gat
     if bias_qkv is None:
         bias_qkv = np.zeros(0, np.float32)
     out = []
-    for a in (attn_norm, w_qkv, qt_qkv, bias_qkv, w_o, qt_o, ffn_norm, w_gate_up, qt_gate_up,
-              w_down, qt_down):  # fmt: skip
+    for a in (
+        attn_norm,
+        w_qkv,
+        qt_qkv,
+        bias_qkv,
+        w_o,
+        qt_o,
+        ffn_norm,
+        w_gate_up,
+        qt_gate_up,
+        w_down,
+        qt_down,
+    ):
         if isinstance(a, np.ndarray):
             a = np.ascontiguousarray(a).view()
             a.flags.writeable = False
@@ -184,9 +229,21 @@ def layer_weights(attn_norm, w_qkv, qt_qkv, bias_qkv, w_o, qt_o, ffn_norm, w_gat
     return tuple(out)
 
 
-def decoder_layer(first: bool, bufs: tuple, weights: tuple, eps: float, k_cache, v_cache,
-                  positions, cos_sin, slot_mapping, block_tables, seq_lens, query_start_loc,
-                  scale: float) -> None:  # fmt: skip
+def decoder_layer(
+    first: bool,
+    bufs: tuple,
+    weights: tuple,
+    eps: float,
+    k_cache,
+    v_cache,
+    positions,
+    cos_sin,
+    slot_mapping,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale: float,
+) -> None:
     """One pre-norm decoder layer over T tokens, as models.llama's generic loop runs it:
 
         residual (+= h unless first); x = rms_norm(residual) * attn_norm
@@ -201,9 +258,22 @@ def decoder_layer(first: bool, bufs: tuple, weights: tuple, eps: float, k_cache,
     bias_qkv (empty: none), w_o, qt_o, ffn_norm, w_gate_up, qt_gate_up, w_down, qt_down) with
     the matrices as uint8 GGML blocks, as layer_weights returns it. The rest are the arguments
     of rotary, write_kv and paged_attention."""
-    code = _layer(bool(first), *bufs, *weights, float(eps), k_cache, v_cache, positions, cos_sin,
-                  slot_mapping, block_tables, seq_lens, query_start_loc, float(scale),
-                  numba.get_num_threads())  # fmt: skip
+    code = _layer(
+        bool(first),
+        *bufs,
+        *weights,
+        float(eps),
+        k_cache,
+        v_cache,
+        positions,
+        cos_sin,
+        slot_mapping,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        float(scale),
+        numba.get_num_threads(),
+    )
     if code == _BAD_SHAPE:
         raise ValueError("decoder_layer: weights do not match the buffers' shapes")
     if code == _BAD_POSITION:

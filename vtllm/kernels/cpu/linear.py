@@ -49,8 +49,9 @@ from vtllm.kernels.cpu.quant import (
     weight_rows,
 )
 
-# M from which the GEMM path wins (measured): decoding Q4 per row of x is dear, so tiles pay
-# early; F32/F16/BF16 rows decode for almost nothing and the GEMV reads W only once.
+# M from which the GEMM path wins (BENCHMARKS.md, CPU engine): decoding Q4 per row of x is
+# dear, so tiles pay early; F32/F16/BF16 rows decode for almost nothing and the GEMV reads W
+# only once.
 GEMM_MIN_M = {
     QType.Q4_0: 4,
     QType.Q4_1: 4,
@@ -66,7 +67,7 @@ NC_MIN = 16
 TASKS_PER_THREAD = 4  # enough tasks that uneven splits cost little
 MC = 128  # rows of x per task: sizes the x panel that each tile sweep reuses from cache
 # The GEMV prefetches W this many bytes ahead of the rows it reads: at batch 1 W streams from
-# DRAM, and without it the decoding waits on memory (as in linear_int8, where it was measured).
+# DRAM, and without it the decoding waits on memory (as in linear_int8).
 PF_BYTES = 8192
 
 _ARGS = (carray(f32, 2, True), carray(u8, 2, True), i64, carray(f32, 1, True), carray(f32, 2))
@@ -189,8 +190,11 @@ def _micro(xf, K, M, mb, t, nb, nc, n0, bias, out, sums):
         a30, a31 = vfma(xv, w0, a30), vfma(xv, w1, a31)
         a32, a33 = vfma(xv, w2, a32), vfma(xv, w3, a33)
     # the 16 lane sums at once, each bit-equal to hsum(a_ij) as _put_w computes it
-    vstore(sums, 0, hsum16(a00, a01, a02, a03, a10, a11, a12, a13,
-                           a20, a21, a22, a23, a30, a31, a32, a33))  # fmt: skip
+    vstore(
+        sums,
+        0,
+        hsum16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33),
+    )
     n = n0 + nb
     if k16 == K and mb + MR <= M and n + NR <= out.shape[1]:  # interior block, no K tail
         for i in range(MR):

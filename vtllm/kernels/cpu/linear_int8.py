@@ -20,8 +20,8 @@ load, W prefetched PF_BYTES ahead: at batch 1 it streams from DRAM); larger M ru
 lanes) and a 4x4 register-blocked microkernel sweeps a panel of x.
 Quantizing x happens inside the same call (a prange over rows in the GEMM).
 
-What LLVM emits (llvmlite 0.50 / LLVM 22, `inspect_asm` of the GEMV compiled without the cache,
-on this AVX512-VNNI host): per pair and W row one `vpdpbusd zmm`, one `vcvtdq2ps zmm`, one
+What LLVM should emit (`inspect_asm` of the GEMV compiled without the cache, on an
+AVX512-VNNI host): per pair and W row one `vpdpbusd zmm`, one `vcvtdq2ps zmm`, one
 `vmulps` and one `vfmadd231ps zmm`; Q4 nibbles unpack with vbroadcasti128 / vinserti64x4,
 vpsrlw and a masked byte merge + vpandq; f16 scales with vcvtsh2ss + vpermt2ps. A plain numba
 loop over int8 gives none of vpdpbusd / vpmaddubsw / vpmaddwd (LLVM widens to int32 with
@@ -55,7 +55,7 @@ from vtllm.kernels.cpu.linear import linear_args
 from vtllm.kernels.cpu.quant import BB_Q4_0, BB_Q4_1, BB_Q8_0, Q4_0, Q4_1, Q8_0
 from vtllm.kernels.cpu.quant_int8 import num_groups, num_pairs, quantize_row
 
-GEMM_MIN_M = 4  # from here tiles of unpacked W pay for themselves (measured)
+GEMM_MIN_M = 4  # from here tiles of unpacked W pay for themselves (BENCHMARKS.md, CPU engine)
 MR = 4  # microkernel rows of x (fixed by the code of _micro)
 NR = 4  # microkernel rows of W (fixed by the code of _micro and _gemv_kernel)
 NC = 64  # rows of W per unpacked tile / task (halved down to NC_MIN while tasks are too few)
@@ -63,9 +63,8 @@ NC_MIN = 16
 TASKS_PER_THREAD = 4
 MC = 64  # rows of x per task
 # The GEMV prefetches W this many bytes ahead of the 4 rows it reads. At batch 1 the weights
-# stream from DRAM and the hardware prefetchers alone leave the unpacking waiting on memory:
-# 8 KiB ahead took the decode matmuls from ~9.5 to ~16 GB/s on 2 threads (measured; 4-32 KiB
-# are all close).
+# stream from DRAM and the hardware prefetchers alone leave the unpacking waiting on memory.
+# The distance is not critical: a few KiB either way do about as well.
 PF_BYTES = 8192
 
 _ARGS = (carray(f32, 2, True), carray(u8, 2, True), i64, carray(f32, 1, True), carray(f32, 2))
@@ -250,10 +249,18 @@ def _micro(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums
     a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = vzero()
     a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = vzero()
     for p in range(P):
-        ws = (load_b64(tb, (t0 + p) * 64), load_b64(tb, (t1 + p) * 64),
-              load_b64(tb, (t2 + p) * 64), load_b64(tb, (t3 + p) * 64))  # fmt: skip
-        ds = (vload(td, (t0 + p) * 16), vload(td, (t1 + p) * 16),
-              vload(td, (t2 + p) * 16), vload(td, (t3 + p) * 16))  # fmt: skip
+        ws = (
+            load_b64(tb, (t0 + p) * 64),
+            load_b64(tb, (t1 + p) * 64),
+            load_b64(tb, (t2 + p) * 64),
+            load_b64(tb, (t3 + p) * 64),
+        )
+        ds = (
+            vload(td, (t0 + p) * 16),
+            vload(td, (t1 + p) * 16),
+            vload(td, (t2 + p) * 16),
+            vload(td, (t3 + p) * 16),
+        )
         a00, a01, a02, a03 = _row(xq, xd, xc, x0 * P + p, ws, ds, a00, a01, a02, a03)
         a10, a11, a12, a13 = _row(xq, xd, xc, x1 * P + p, ws, ds, a10, a11, a12, a13)
         a20, a21, a22, a23 = _row(xq, xd, xc, x2 * P + p, ws, ds, a20, a21, a22, a23)
@@ -262,15 +269,22 @@ def _micro(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums
         G = xs.shape[1] // 16
         t0, t1, t2, t3 = t0 // P * G, t1 // P * G, t2 // P * G, t3 // P * G
         for g in range(G):
-            ms = (vload(tm, (t0 + g) * 16), vload(tm, (t1 + g) * 16),
-                  vload(tm, (t2 + g) * 16), vload(tm, (t3 + g) * 16))  # fmt: skip
+            ms = (
+                vload(tm, (t0 + g) * 16),
+                vload(tm, (t1 + g) * 16),
+                vload(tm, (t2 + g) * 16),
+                vload(tm, (t3 + g) * 16),
+            )
             a00, a01, a02, a03 = _mins(xs, x0 * G + g, ms, a00, a01, a02, a03)
             a10, a11, a12, a13 = _mins(xs, x1 * G + g, ms, a10, a11, a12, a13)
             a20, a21, a22, a23 = _mins(xs, x2 * G + g, ms, a20, a21, a22, a23)
             a30, a31, a32, a33 = _mins(xs, x3 * G + g, ms, a30, a31, a32, a33)
     # the 16 lane sums at once, each bit-equal to hsum(a_ij) as _put computes it
-    vstore(sums, 0, hsum16(a00, a01, a02, a03, a10, a11, a12, a13,
-                           a20, a21, a22, a23, a30, a31, a32, a33))  # fmt: skip
+    vstore(
+        sums,
+        0,
+        hsum16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33),
+    )
     n = n0 + nb
     for i in range(MR):
         for j in range(NR):

@@ -14,8 +14,9 @@ from vtllm.kernels.cpu._simd import carray, fma32, hsum, vfma, vload, vzero
 
 _F = types.float32
 # x, weight, eps, out, residual (out itself when there is none), has_residual
-_SIG = types.void(carray(_F, 2, True), carray(_F, 1, True), _F, carray(_F, 2), carray(_F, 2),
-                  types.boolean)  # fmt: skip
+_SIG = types.void(
+    carray(_F, 2, True), carray(_F, 1, True), _F, carray(_F, 2), carray(_F, 2), types.boolean
+)
 
 
 @njit(_SIG, nogil=True, cache=True)

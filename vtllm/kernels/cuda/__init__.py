@@ -1,4 +1,4 @@
-"""The CUDA kernel table (numba.cuda): what models.llama will call as `ops` on a GPU.
+"""The CUDA kernel table (numba.cuda): what executor/cuda_model calls as `ops` on a GPU.
 
 Same launchers as kernels.cpu, on device arrays, each with `stream` keyword-only. Importing this
 package needs no GPU (kernels compile at their first launch); with NUMBA_ENABLE_CUDASIM=1 set

@@ -150,8 +150,7 @@ KNOBS = (
         "str",
         "mma",
         "the tensor-core kernel of long steps' matmuls: mma (mma.sync) or wgmma (Hopper's "
-        "warpgroup mma: an sm_90 GPU and matmul_input_dtype bfloat16; experimental: its latest "
-        "version is checked under the simulator only, not yet timed or bit-checked on a card)",
+        "warpgroup mma: an sm_90 GPU and matmul_input_dtype bfloat16; experimental)",
         choices=("mma", "wgmma"),
     ),
     Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),

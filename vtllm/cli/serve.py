@@ -47,7 +47,7 @@ async def _warm_then_serve(state, serve) -> None:
     log.info("warm-up forward done in %.2fs", time.perf_counter() - started)
     # Everything made so far (the model, tokenizer, kernels, graphs) lives as long as the
     # server: out of the collector's sight, a full collection stops walking ~130k objects.
-    # Each such pass held the event loop, every stream and the step loop ~56 ms (2-core box).
+    # Each such pass would hold the event loop, and with it every stream and the step loop.
     gc.collect()
     gc.freeze()
     await serve(state)

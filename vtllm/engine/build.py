@@ -65,9 +65,9 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
 
 def resolved_dtype(setting: str, device: str) -> str:
     """kv_cache_dtype / matmul_input_dtype as the backend takes it: auto is bfloat16 on cuda
-    (what vLLM and llama.cpp run a 16-bit model with; each setting alone made the 8B shape's
-    batched decode 5-10% faster on the H200, bf16 inputs its 1,024-token prefill 1.25x:
-    BENCHMARKS.md) and float32 on the cpu, whose kernels compute in float32 only."""
+    (what vLLM and llama.cpp run a 16-bit model with; a bf16 cache halves the bytes decode
+    attention reads, and bf16 matmul inputs halve prefill's mmas: BENCHMARKS.md, GPU decode
+    and prefill) and float32 on the cpu, whose kernels compute in float32 only."""
     if setting != "auto":
         return setting
     return "bfloat16" if device == "cuda" else "float32"

@@ -10,9 +10,9 @@ With `programmatic=True` every kernel -> kernel edge of the captured chain becom
 programmatic one (programmatic dependent launch, sm_90): a kernel is launched as the blocks of
 the one before it exit, not after that kernel has completed and its writes are flushed, and it
 waits for that in its first statement (`grid_dependency_sync`, kernels/cuda/_ptx). That trims
-the gap between each two of a decode step's few hundred small kernels (Qwen3-0.6B c1 decode
-1.47 -> 1.42 ms a token). Only kernels that begin with that wait may be captured this way:
-every kernel of kernels/cuda does (a test checks).
+the gap between each two of a decode step's few hundred small kernels, which adds up at small
+batches (BENCHMARKS.md, GPU decode and prefill). Only kernels that begin with that wait may be
+captured this way: every kernel of kernels/cuda does (a test checks).
 """
 
 import math

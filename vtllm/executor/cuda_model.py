@@ -15,8 +15,8 @@ too (FOLD_TOKENS): the qkv and gate_up linears normalize the residual stream as 
 and the o and down linears add their products into it, so a layer runs 6 kernels instead of
 8, with the bits of the unfolded step (linear_mma's norm_weight and accumulate). Each block of
 a folded linear sums the row itself, a latency that only pays where it replaces a kernel
-boundary at one token (H200, BENCHMARKS.md): with more tokens, and for the lm_head's
-thousands of blocks, the separate norm is faster.
+boundary at one token: with more tokens, and for the lm_head's thousands of blocks, each
+block repeating the row's sum costs more than the separate norm kernel.
 """
 
 from dataclasses import dataclass
@@ -70,19 +70,28 @@ class DeviceWeight:
         swiglu = act is not None
         split_step = self.packed and x_scratch is not None and m > PREPACK_ABOVE
         if split_step and gemm_pays(m, n) and self.wgmma:
-            gemm_wgmma(round_x(x, x_scratch, stream=stream), self.data, out, bias=bias,
-                       stream=stream)  # fmt: skip
+            gemm_wgmma(
+                round_x(x, x_scratch, stream=stream), self.data, out, bias=bias, stream=stream
+            )
         elif split_step and gemm_pays(m, n):
             xp = split_x(x, x_scratch, x_bf16=self.data.x_bf16, stream=stream)
             gemm_mma(xp, self.data, out, bias=bias, stream=stream)
         elif split_step and rows_pay(m, n):
             xp = split_x(x, x_scratch, x_bf16=self.data.x_bf16, stream=stream)
-            linear_rows(xp, self.data, act if swiglu else out, bias=bias, swiglu=swiglu,
-                        stream=stream)  # fmt: skip
+            linear_rows(
+                xp, self.data, act if swiglu else out, bias=bias, swiglu=swiglu, stream=stream
+            )
             return
         elif self.packed:
-            linear_mma(x, self.data, act if swiglu else out, bias=bias, x_scratch=x_scratch,
-                       swiglu=swiglu, stream=stream)  # fmt: skip
+            linear_mma(
+                x,
+                self.data,
+                act if swiglu else out,
+                bias=bias,
+                x_scratch=x_scratch,
+                swiglu=swiglu,
+                stream=stream,
+            )
             return
         else:
             ops.linear(x, self.data, self.qtype, out, bias=bias, stream=stream)
@@ -175,10 +184,19 @@ class StepInputs:
 
 
 class CudaForward:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_tokens: int,
-                 max_positions: int, max_decode_rows: int, stream,
-                 x_bf16: bool = False, flash_prefill: bool = False,
-                 wgmma: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        *,
+        max_tokens: int,
+        max_positions: int,
+        max_decode_rows: int,
+        stream,
+        x_bf16: bool = False,
+        flash_prefill: bool = False,
+        wgmma: bool = False,
+    ):
         """x_bf16, wgmma: see upload_weights; flash_prefill: see attention.paged_attention."""
         self.config, self.stream = config, stream
         self.flash_prefill = flash_prefill
@@ -212,8 +230,9 @@ class CudaForward:
         widest = max(c.hidden_size, c.q_size, c.intermediate_size)
         self.x_scratch = buf(x_scratch_words(n, widest), dtype=np.uint32)  # x split for mma
         # split-key attention spreads rows of steps up to max_decode_rows tokens over blocks
-        self.attn_scratch = make_scratch(max_decode_rows, c.num_heads, c.head_dim, max_positions,
-                                         stream=stream)  # fmt: skip
+        self.attn_scratch = make_scratch(
+            max_decode_rows, c.num_heads, c.head_dim, max_positions, stream=stream
+        )
 
     def _weights(self) -> list[DeviceWeight]:
         mats = [self.lm_head]
@@ -241,8 +260,15 @@ class CudaForward:
         rope_in_attention = self.rope_fusable and T <= ROPE_TOKENS
         for i, layer in enumerate(self.layers):
             if fold:  # the norm in qkv's loads (the module docstring)
-                linear_mma(residual, layer.qkv.data, qkv, bias=layer.qkv_bias,
-                           norm_weight=layer.attn_norm, eps=eps, stream=s)  # fmt: skip
+                linear_mma(
+                    residual,
+                    layer.qkv.data,
+                    qkv,
+                    bias=layer.qkv_bias,
+                    norm_weight=layer.attn_norm,
+                    eps=eps,
+                    stream=s,
+                )
             elif i == 0:
                 ops.rms_norm(residual, layer.attn_norm, eps, x, stream=s)
             else:  # residual += h (last MLP output), x = norm(residual)
@@ -253,19 +279,55 @@ class CudaForward:
             kv = (self.kv_k[i], self.kv_v[i])
             meta = (inputs.block_tables, inputs.seq_lens, inputs.query_start_loc)
             if rope_in_attention:  # q/k norm, rotation and the KV write in attention's blocks
-                rope_attention(qkv, *kv, inputs.slot_mapping, inputs.positions, self.cos_sin, eps,
-                               *meta, self.scale, attn, self.attn_scratch, **norms,
-                               stream=s)  # fmt: skip
+                rope_attention(
+                    qkv,
+                    *kv,
+                    inputs.slot_mapping,
+                    inputs.positions,
+                    self.cos_sin,
+                    eps,
+                    *meta,
+                    self.scale,
+                    attn,
+                    self.attn_scratch,
+                    **norms,
+                    stream=s,
+                )
             else:
-                qkv_rope(qkv, q, *kv, inputs.slot_mapping, inputs.positions, self.cos_sin, eps,
-                         **norms, stream=s)  # fmt: skip
-                ops.paged_attention(q, *kv, *meta, self.scale, attn, scratch=self.attn_scratch,
-                                    flash=self.flash_prefill, stream=s)  # fmt: skip
+                qkv_rope(
+                    qkv,
+                    q,
+                    *kv,
+                    inputs.slot_mapping,
+                    inputs.positions,
+                    self.cos_sin,
+                    eps,
+                    **norms,
+                    stream=s,
+                )
+                ops.paged_attention(
+                    q,
+                    *kv,
+                    *meta,
+                    self.scale,
+                    attn,
+                    scratch=self.attn_scratch,
+                    flash=self.flash_prefill,
+                    stream=s,
+                )
             if fold:  # residual += o(attn), act = SwiGLU(gate_up(norm(residual))), += down(act)
-                linear_mma(attn.reshape(T, c.q_size), layer.o.data, residual, accumulate=True,
-                           stream=s)  # fmt: skip
-                linear_mma(residual, layer.gate_up.data, act, swiglu=True,
-                           norm_weight=layer.ffn_norm, eps=eps, stream=s)  # fmt: skip
+                linear_mma(
+                    attn.reshape(T, c.q_size), layer.o.data, residual, accumulate=True, stream=s
+                )
+                linear_mma(
+                    residual,
+                    layer.gate_up.data,
+                    act,
+                    swiglu=True,
+                    norm_weight=layer.ffn_norm,
+                    eps=eps,
+                    stream=s,
+                )
                 linear_mma(act, layer.down.data, residual, accumulate=True, stream=s)
                 continue
             layer.o.matmul(attn.reshape(T, c.q_size), h, x_scratch=xs, stream=s)

@@ -55,9 +55,17 @@ MATMUL_INPUT_DTYPES = ("float32", "bfloat16")
 
 RING = 4  # staging buffers in rotation: more than the steps that can be in flight
 _FIELDS = (
-    "token_slots", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",
-    "logits_rows", "sample_rows", "sample_slots", "sample_positions",
-)  # fmt: skip
+    "token_slots",
+    "positions",
+    "slot_mapping",
+    "query_start_loc",
+    "seq_lens",
+    "block_tables",
+    "logits_rows",
+    "sample_rows",
+    "sample_slots",
+    "sample_positions",
+)
 
 
 @dataclass(slots=True)
@@ -72,16 +80,17 @@ class PendingStep:
 
 # A step's leading rows whose attention goes through the decode kernels, which spread each
 # row's keys over blocks, when VT_CUDA_SPLIT_ATTENTION_ROWS is 0: enough for a serving step's
-# prompt beside its decodes (Qwen3-0.6B, 56 decodes and a 128-token prompt on an H100: 6.45 ->
-# 5.39 ms a step with 256 rows against 57, the prompt's rows no longer queued in the prefill
-# kernel after the decodes; BENCHMARKS.md), as long as the scratch for their split states,
-# which grows with max_model_len, stays under SPLIT_SCRATCH_BYTES.
+# prompt chunk beside its decodes, so that the prompt's rows do not queue in the prefill
+# kernel after the decodes (attention_ring.split_attention; BENCHMARKS.md, GPU serving), as
+# long as the scratch for their split states, which grows with max_model_len, stays under
+# SPLIT_SCRATCH_BYTES.
 SPLIT_ROWS = 256
 SPLIT_SCRATCH_BYTES = 512 << 20
 
 
-def attention_split_rows(config, max_num_seqs: int, max_tokens: int, max_positions: int,
-                         knob: int) -> int:  # fmt: skip
+def attention_split_rows(
+    config, max_num_seqs: int, max_tokens: int, max_positions: int, knob: int
+) -> int:
     """The decode kernels' rows: every decode row (max_num_seqs) and, up to the step's size,
     the knob's rows, or with knob 0 up to SPLIT_ROWS that fit in SPLIT_SCRATCH_BYTES."""
     if knob == 0:
@@ -112,13 +121,24 @@ def _check_prefill_gemm(prefill_gemm: str, matmul_input_dtype: str) -> None:
 
 
 class CudaModelRunner:
-    def __init__(self, loaded: LoadedModel, *, block_size: int, max_num_seqs: int,
-                 max_model_len: int, max_num_batched_tokens: int, kv_cache_memory: int,
-                 kv_cache_fraction: float, use_graphs: bool,
-                 kv_cache_dtype: str = "float32",
-                 matmul_input_dtype: str = "float32", cuda_pdl: bool = True,
-                 split_attention_rows: int = 0, cuda_flash_prefill: bool = False,
-                 cuda_prefill_gemm: str = "mma"):  # fmt: skip
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        block_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        kv_cache_memory: int,
+        kv_cache_fraction: float,
+        use_graphs: bool,
+        kv_cache_dtype: str = "float32",
+        matmul_input_dtype: str = "float32",
+        cuda_pdl: bool = True,
+        split_attention_rows: int = 0,
+        cuda_flash_prefill: bool = False,
+        cuda_prefill_gemm: str = "mma",
+    ):
         if kv_cache_dtype not in KV_DTYPES:
             raise InvalidParameter(
                 f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}",
@@ -143,14 +163,20 @@ class CudaModelRunner:
         self.max_tokens = max(max_num_batched_tokens, max_num_seqs)
         self.max_blocks = -(-(max_model_len + 1) // block_size)
         self.stream = s = cuda.stream()
-        split_rows = attention_split_rows(c, max_num_seqs, self.max_tokens, max_model_len + 1,
-                                          split_attention_rows)  # fmt: skip
-        self.model = CudaForward(c, loaded.weights, max_tokens=self.max_tokens,
-                                 max_positions=max_model_len + 1,
-                                 max_decode_rows=split_rows, stream=s,
-                                 x_bf16=matmul_input_dtype == "bfloat16",
-                                 flash_prefill=cuda_flash_prefill,
-                                 wgmma=cuda_prefill_gemm == "wgmma")  # fmt: skip
+        split_rows = attention_split_rows(
+            c, max_num_seqs, self.max_tokens, max_model_len + 1, split_attention_rows
+        )
+        self.model = CudaForward(
+            c,
+            loaded.weights,
+            max_tokens=self.max_tokens,
+            max_positions=max_model_len + 1,
+            max_decode_rows=split_rows,
+            stream=s,
+            x_bf16=matmul_input_dtype == "bfloat16",
+            flash_prefill=cuda_flash_prefill,
+            wgmma=cuda_prefill_gemm == "wgmma",
+        )
         # the mirror: [max_num_seqs, max_model_len + 1] int32 on the device
         self.token_ids_dev = cuda.to_device(np.zeros((max_num_seqs, max_model_len + 1), np.int32))
         self.num_tokens_dev = cuda.to_device(np.zeros(max_num_seqs, np.int32))
@@ -201,9 +227,14 @@ class CudaModelRunner:
         dtype = np.dtype(KV_DTYPES[dtype_name])
         s.synchronize()
         free, total = free_device_memory()
-        num_blocks = num_kv_blocks(c, block_size=self.block_size, budget_bytes=budget_bytes,
-                                   fraction=fraction, free_bytes=free,
-                                   itemsize=dtype.itemsize)  # fmt: skip
+        num_blocks = num_kv_blocks(
+            c,
+            block_size=self.block_size,
+            budget_bytes=budget_bytes,
+            fraction=fraction,
+            free_bytes=free,
+            itemsize=dtype.itemsize,
+        )
         shape = (c.num_layers, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
         self.kv_k = cuda.device_array(shape, dtype, stream=s)
         self.kv_v = cuda.device_array(shape, dtype, stream=s)
@@ -211,10 +242,14 @@ class CudaModelRunner:
         log.info(
             "GPU memory: %.1f of %.1f GiB free after weights; KV cache %d blocks x %d tokens "
             "= %.2f GiB %s (%s)",
-            free / 2**30, total / 2**30, num_blocks, self.block_size,
-            2 * self.kv_k.nbytes / 2**30, dtype_name,
+            free / 2**30,
+            total / 2**30,
+            num_blocks,
+            self.block_size,
+            2 * self.kv_k.nbytes / 2**30,
+            dtype_name,
             f"budget {budget_bytes} bytes" if budget_bytes else f"{fraction:.0%} of free",
-        )  # fmt: skip
+        )
         return num_blocks
 
     # -- per-slot state -------------------------------------------------------------------
@@ -251,10 +286,18 @@ class CudaModelRunner:
         found = self._views.get(key)
         if found is not None:
             return found
-        shapes = {"token_slots": (T,), "positions": (T,), "slot_mapping": (T,),
-                  "query_start_loc": (S + 1,), "seq_lens": (S,),
-                  "block_tables": (S, self.max_blocks), "logits_rows": (R,),
-                  "sample_rows": (B,), "sample_slots": (B,), "sample_positions": (B,)}  # fmt: skip
+        shapes = {
+            "token_slots": (T,),
+            "positions": (T,),
+            "slot_mapping": (T,),
+            "query_start_loc": (S + 1,),
+            "seq_lens": (S,),
+            "block_tables": (S, self.max_blocks),
+            "logits_rows": (R,),
+            "sample_rows": (B,),
+            "sample_slots": (B,),
+            "sample_positions": (B,),
+        }
         offsets, views, at = {}, {}, 0
         for name in _FIELDS:
             size = int(np.prod(shapes[name]))
@@ -332,8 +375,9 @@ class CudaModelRunner:
             k, info = pending.num_logprobs[i], None
             if k >= 0:
                 top_ids, top_lps = lp.top_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist()
-                info = TokenLogprobs(int(tokens[i]), float(lp.logprob[i]), int(lp.rank[i]),
-                                     top_ids, top_lps)  # fmt: skip
+                info = TokenLogprobs(
+                    int(tokens[i]), float(lp.logprob[i]), int(lp.rank[i]), top_ids, top_lps
+                )
             sampled.append(SampledToken(c.slot, int(tokens[i]), info))
         return StepResult(pending.step_id, sampled, pending.prompt_logprobs)
 
@@ -377,9 +421,18 @@ class CudaModelRunner:
         # Logprobs are always requested: rows whose slot wants none are skipped by the kernel,
         # so one captured graph serves batches with and without them.
         out, lp = self.out_tokens_dev[:B], ops.LogprobsOut(*(a[:B] for a in self.logprobs_dev))
-        ops.sample(logits, views["sample_slots"], views["sample_positions"], self.sampling_dev,
-                   self.token_ids_dev, self.num_tokens_dev, out, out_logprobs=lp,
-                   scratch=self.sampler_scratch, stream=self.stream)  # fmt: skip
+        ops.sample(
+            logits,
+            views["sample_slots"],
+            views["sample_positions"],
+            self.sampling_dev,
+            self.token_ids_dev,
+            self.num_tokens_dev,
+            out,
+            out_logprobs=lp,
+            scratch=self.sampler_scratch,
+            stream=self.stream,
+        )
 
     def _bucket(self, flat, num_sampled: int) -> int:
         """The graph bucket this step replays in, or 0 to run it eagerly (prompt logprobs,
@@ -403,8 +456,11 @@ class CudaModelRunner:
             rows = graph_counts(bucket, self.max_num_seqs)[3]
             self._graph_step(views, rows)
             self.stream.synchronize()
-            graph = CudaGraph(self.stream, lambda: self._graph_step(views, rows),
-                              programmatic=self.programmatic_graphs)  # fmt: skip
+            graph = CudaGraph(
+                self.stream,
+                lambda: self._graph_step(views, rows),
+                programmatic=self.programmatic_graphs,
+            )
             self.graphs[bucket] = graph
         return graph
 
@@ -412,8 +468,9 @@ class CudaModelRunner:
         """Prompt logprobs on the host (rare; the step waits for its logits)."""
         host = logits.copy_to_host(stream=self.stream)
         self.stream.synchronize()
-        return prompt_logprobs(plan, host, self.prompt_ids_host, self.prompt_lens,
-                               self.num_prompt_logprobs, cpu_ops)  # fmt: skip
+        return prompt_logprobs(
+            plan, host, self.prompt_ids_host, self.prompt_lens, self.num_prompt_logprobs, cpu_ops
+        )
 
     def capture_all(self, progress=None) -> None:
         """Warm-up and capture of every bucket at start (steps of padding only)."""

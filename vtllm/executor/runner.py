@@ -130,5 +130,6 @@ class ModelRunner:
         return out
 
     def _prompt_logprobs(self, plan, logits, batch, logits_rows) -> dict:
-        return prompt_logprobs(plan, logits, self.token_ids, self.prompt_lens,
-                               self.num_prompt_logprobs, self.ops)  # fmt: skip
+        return prompt_logprobs(
+            plan, logits, self.token_ids, self.prompt_lens, self.num_prompt_logprobs, self.ops
+        )

@@ -1,18 +1,16 @@
 """The CUDA runner's per-slot state sent to the device through pinned staging buffers.
 
-A step that seats or frees requests used to send the sampling table as 16 copies and each
-seated prompt as one more, all from pageable memory. Each numba copy costs ~0.1 ms of Python
-on the host, and a copy from pageable memory may also wait for the stream (the driver stages
-it through its own pinned buffer and may synchronize first: CUDA's "API synchronization
-behavior"). A launch is on the serving path's critical path (the backend's worker thread
-queues the collect of step N behind the launch of N + 1), so a seating step's 3.3-4.0 ms
-launch took most of a 5 ms GPU step (Qwen3-0.6B, a c64 serving step on an H100). Here the
-table is one device buffer, each field a view of it (what the sampler reads, at fixed
-addresses for the captured graphs), refreshed by one asynchronous copy a step; prompts go
-through a pinned buffer too: that launch takes 0.84-1.38 ms (BENCHMARKS.md; 2-4.6 ms a step
-in serving, waiting for the GIL the event loop holds). Each staging buffer
-belongs to one of the runner's ring slots and is written only once that slot's last step is
-done (CudaModelRunner.launch waits for its event first).
+Why: sending the sampling table field by field and each seated prompt as its own copy, from
+pageable memory, means many numba copies a step, each with its Python cost on the host, and
+a copy from pageable memory may also wait for the stream (the driver stages it through its
+own pinned buffer and may synchronize first: CUDA's "API synchronization behavior"). A launch
+is on the serving path's critical path (the backend's worker thread queues the collect of
+step N behind the launch of N + 1), so a slow launch of a seating step eats into the GPU
+step it should overlap. Here the table is one device buffer, each field a view of it (what
+the sampler reads, at fixed addresses for the captured graphs), refreshed by one asynchronous
+copy a step; prompts go through a pinned buffer too (BENCHMARKS.md, GPU serving). Each
+staging buffer belongs to one of the runner's ring slots and is written only once that
+slot's last step is done (CudaModelRunner.launch waits for its event first).
 """
 
 import numpy as np

@@ -66,7 +66,7 @@ def graph_buckets(max_num_seqs: int, max_tokens: int) -> list[int]:
     a decode batch fills exactly or nearly. Above it (prefill and mixed steps) the spacing
     grows with the size, a quarter to an eighth of it (at least 32 tokens, the linear
     kernels' token tile): padding costs a step at most a quarter more compute, about a tenth
-    on average, while a graph saves each of its ~400 kernels a ~55 us Python launch.
+    on average, while a graph saves each of its few hundred kernels a Python launch.
     Steps over GRAPH_MAX_TOKENS run eagerly: their compute dwarfs the launches."""
     max_tokens = min(max_tokens, max(GRAPH_MAX_TOKENS, max_num_seqs))
     sizes = [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs, 8))
@@ -166,12 +166,14 @@ def prompt_logprobs(plan: StepPlan, logits, prompt_ids, prompt_lens, num_prompt_
             next_ids = np.ascontiguousarray(prompt_ids[c.slot, c.start + 1 : last + 1])
             lp = ops.LogprobsOut.create(n)
             rows = np.ascontiguousarray(logits[row : row + n])
-            ops.prompt_logprobs(rows, next_ids, k, lp.logprob, lp.rank, lp.top_ids,
-                                lp.top_logprobs)  # fmt: skip
+            ops.prompt_logprobs(rows, next_ids, k, lp.logprob, lp.rank, lp.top_ids, lp.top_logprobs)
             for j in range(n):
                 top_ids, top_lps = lp.top_ids[j, :k].tolist(), lp.top_logprobs[j, :k].tolist()
-                entries.append(TokenLogprobs(int(next_ids[j]), float(lp.logprob[j]),
-                                             int(lp.rank[j]), top_ids, top_lps))  # fmt: skip
+                entries.append(
+                    TokenLogprobs(
+                        int(next_ids[j]), float(lp.logprob[j]), int(lp.rank[j]), top_ids, top_lps
+                    )
+                )
         result[c.slot] = entries
         row += c.num_tokens
     return result

@@ -1,7 +1,7 @@
 """A small GGUF reader: metadata as Python values, tensors as views into one memory map.
 
-The gguf package's reader builds a numpy view per metadata element and takes seconds on a
-49k-token vocabulary; this one parses the header with struct and maps the data once.
+The gguf package's reader builds a numpy view per metadata element, which is slow on a large
+vocabulary; this one parses the header with struct and maps the data once.
 """
 
 import mmap

@@ -1,5 +1,5 @@
 """GGUF copies of HF-format checkpoints, so llama.cpp can run the same weights as the peer of
-`bench gpu`.
+the GPU benchmarks (bench/gpu.py).
 
 llama.cpp reads GGUF only, and its own converter (convert_hf_to_gguf.py) needs torch and
 names a tokenizer's pre-tokenizer by a hash of its output, which a synthetic checkpoint's
@@ -8,8 +8,8 @@ tokenizer does not match. This writes what that converter writes for the familie
 permuted for llama.cpp's rotation; llama3 rope scaling as per-frequency divisors
 (`rope_freqs.weight`); a byte-level BPE tokenizer as a gpt2 vocabulary with the default
 pre-tokenizer (the benchmarks send token ids). Tensors are converted and written one at a
-time, so the 8B shape (16 GB) never sits in memory whole. llama.cpp (0.3.36's tree, built by
-loadtest/peers/build_llama_cuda.sh) loads the synthetic shapes' copies.
+time, so the 8B shape (16 GB) never sits in memory whole. llama.cpp as
+loadtest/peers/build_llama_cuda.sh builds it loads the synthetic shapes' copies.
 """
 
 import json
@@ -179,8 +179,13 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
         writer.add_tensor_info(name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=raw)
     freqs = llama3_rope_freqs(config) if scaling == "llama3" else None
     if freqs is not None:
-        writer.add_tensor_info("rope_freqs.weight", freqs.shape, freqs.dtype, freqs.nbytes,
-                               raw_dtype=GGMLQuantizationType.F32)  # fmt: skip
+        writer.add_tensor_info(
+            "rope_freqs.weight",
+            freqs.shape,
+            freqs.dtype,
+            freqs.nbytes,
+            raw_dtype=GGMLQuantizationType.F32,
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

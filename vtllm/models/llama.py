@@ -1,7 +1,8 @@
 """The Llama family forward (llama, mistral, qwen2, qwen3) over a table of kernel launchers.
 
-`ops` is a kernel namespace (vtllm.kernels.cpu, later the CUDA one): embedding, rms_norm,
-linear, rotary, write_kv, paged_attention, silu_and_mul, plus `empty` for scratch.
+`ops` is a kernel namespace (vtllm.kernels.cpu or its `fast` table; the GPU runs its own
+forward over static buffers, executor/cuda_model): embedding, rms_norm, linear, rotary,
+write_kv, paged_attention, silu_and_mul, plus `empty` for scratch.
 Hot path: keep it lean, put features in helpers.
 """
 
@@ -63,9 +64,19 @@ def fused_layers(weights: ModelWeights, ops) -> list[tuple] | None:
         if len(layer.qkv) != 1 or len(layer.gate_up) != 1 or layer.q_norm is not None:
             return None
         qkv, gu, o, down = layer.qkv[0], layer.gate_up[0], layer.o, layer.down
-        fw = ops.layer_weights(layer.attn_norm, qkv.data, qkv.qtype, layer.qkv_bias, o.data,
-                               o.qtype, layer.ffn_norm, gu.data, gu.qtype, down.data,
-                               down.qtype)  # fmt: skip
+        fw = ops.layer_weights(
+            layer.attn_norm,
+            qkv.data,
+            qkv.qtype,
+            layer.qkv_bias,
+            o.data,
+            o.qtype,
+            layer.ffn_norm,
+            gu.data,
+            gu.qtype,
+            down.data,
+            down.qtype,
+        )
         if fw is None:
             return None
         out.append(fw)
@@ -118,9 +129,21 @@ class LlamaModel:
             v = empty((num_tokens, cfg.num_kv_heads, dim), np.float32)
             bufs = (residual, h, x, qkv, q, k, v, attn, gate_up, act)
             for i, fw in enumerate(self.fused):
-                ops.decoder_layer(i == 0, bufs, fw, eps, kv.k[i], kv.v[i], batch.positions,
-                                  self.cos_sin, batch.slot_mapping, batch.block_tables,
-                                  batch.seq_lens, batch.query_start_loc, self.scale)  # fmt: skip
+                ops.decoder_layer(
+                    i == 0,
+                    bufs,
+                    fw,
+                    eps,
+                    kv.k[i],
+                    kv.v[i],
+                    batch.positions,
+                    self.cos_sin,
+                    batch.slot_mapping,
+                    batch.block_tables,
+                    batch.seq_lens,
+                    batch.query_start_loc,
+                    self.scale,
+                )
         for i, layer in enumerate(w.layers if self.fused is None else ()):
             if i == 0:
                 ops.rms_norm(residual, layer.attn_norm, eps, x)

@@ -31,9 +31,9 @@ class Tokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         if len(text) > _GIL_FREE_CHARS:
-            # `tokenizers` holds the GIL through encode() (0.4 s for 200k characters here)
-            # but releases it in encode_batch(): a long prompt tokenized in a worker thread
-            # then leaves the event loop running.
+            # `tokenizers` holds the GIL through encode() (a long text takes a good part of a
+            # second) but releases it in encode_batch(): a long prompt tokenized in a worker
+            # thread then leaves the event loop running.
             ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
         else:
             ids = self.backend.encode(text, add_special_tokens=False).ids
@@ -55,7 +55,7 @@ class Tokenizer:
     def min_tokens(self, text: str) -> int:
         """A lower bound on len(encode(text)), without tokenizing: each token covers at most
         max_token_bytes of it. Lets a prompt that cannot fit the context be refused before
-        spending a core on tokenizing it (0.4 s for 200k characters)."""
+        spending a core on tokenizing it."""
         longest = self.max_token_bytes
         return len(text.encode()) // longest if longest else 0
 

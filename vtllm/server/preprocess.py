@@ -1,13 +1,13 @@
 """Request bodies to token ids off the event loop, within a budget.
 
 Checking, template rendering (pure Python) and tokenizing (Rust; the GIL is released for long
-texts, see models/tokenizer.py) of a 4 MiB body take up to a second. On the event loop that
-second would be a gap in every stream (0.5-3 s gaps were measured), so the work runs in a
-pool of its own, at most `PREPROCESS_THREADS` requests at a time; the rest wait their turn.
+texts, see models/tokenizer.py) of a large body can take most of a second. On the event loop
+that time would be a gap in every stream, so the work runs in a pool of its own, at most
+`PREPROCESS_THREADS` requests at a time; the rest wait their turn.
 
 Off the loop the work still takes a core from the step loop's kernels, which use every
-core: tokenizing a 200k-character prompt on 2 cores stretched other streams' gaps to
-100-300 ms. So the budget is also one of work: the body (VT_MAX_BODY_BYTES), the prompt's
+core: on a machine with few cores, tokenizing a long prompt stretches the other streams'
+gaps. So the budget is also one of work: the body (VT_MAX_BODY_BYTES), the prompt's
 characters per request (VT_SERVER_MAX_PROMPT_CHARS), messages and prompts per request
 (validate.py), the rendered chat (routes._render), and the context: a prompt that cannot fit
 is refused before it is tokenized (Tokenizer.min_tokens, and the length of token-id

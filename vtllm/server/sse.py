@@ -10,8 +10,8 @@ blocks, and closes the connection.
 
 Both deadlines a stream has, the stall and the keep-alive ping, are kept by one watcher task a
 response that sleeps until the nearer one: a token's send only stamps the clock. (A cancel
-scope a send, and one a mailbox wait, cost ~15% of the event loop's time a streamed token at
-64 streams: tools/host_cost_serve.py.)
+scope a send, and one a mailbox wait, would cost a sizeable share of the event loop's time
+per streamed token with many streams: bench/host_cost_serve.py.)
 """
 
 import logging

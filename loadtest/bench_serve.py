@@ -202,7 +202,7 @@ class Lanes:
     """An httpx client for each request in flight, reused by the next. One client shared by
     all scans every pooled connection on each request event (httpcore's pool): at 64 streams
     this process spent ~175 us of CPU a streamed token that way, ~80 with lanes, and the
-    client, not the server, was the limit (tools/host_cost_serve.py)."""
+    client, not the server, was the limit (bench/host_cost_serve.py)."""
 
     def __init__(self, make_client):
         self.make_client = make_client

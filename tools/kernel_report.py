@@ -1,8 +1,9 @@
-"""Registers, spills and SASS of a CUDA kernel, compiled for the H200 (sm_90) on a machine
-without a GPU, so that such questions cost no device time.
+"""Registers, spills and SASS of a CUDA kernel, compiled for sm_90 (H100, H200) on a machine
+without a GPU: such questions need no card.
 
-Needs numba-cuda (the GPU image's version), NVRTC and ptxas, cuobjdump and nvdisasm. Once, in a
-venv of its own (the project's venv has numba's built-in CUDA target, not numba-cuda):
+Needs numba-cuda (the version the kernels run with on the GPU), NVRTC and ptxas, cuobjdump and
+nvdisasm. Once, in a venv of its own (a venv without the [cuda] extra has numba's built-in CUDA
+target, not numba-cuda):
     python3 -m venv /tmp/kvenv && /tmp/kvenv/bin/pip install numba-cuda==0.30.4 msgspec \
         ml_dtypes 'nvidia-cuda-nvrtc==13.0.*' nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
 and ptxas on PATH (the CUDA toolkit's, /usr/local/cuda/bin). Then, from the repo root:

@@ -8,7 +8,6 @@ from vtllm.errors import VtllmError
 
 def _build_parser() -> argparse.ArgumentParser:
     from vtllm import config
-    from vtllm.cli.bench_gpu import add_arguments as add_bench_gpu_arguments
     from vtllm.models.synthetic import SHAPES
 
     parser = argparse.ArgumentParser(prog="vtllm", description="LLM inference with numba kernels")
@@ -51,8 +50,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
     kern = bench_sub.add_parser("kernels", help="CPU linear kernel GMAC/s at the model's shapes")
     kern.add_argument("--json", action="store_true")
-    gpu = bench_sub.add_parser("gpu", help="GPU speed against the roofline and the peers")
-    add_bench_gpu_arguments(gpu)
 
     syn = sub.add_parser("synth", help="write an HF-format checkpoint with random weights")
     syn.add_argument("--shape", required=True, choices=sorted(SHAPES))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# llama.cpp built with CUDA for sm_90 (H100/H200): the GPU peer of `vtllm bench gpu`
+# llama.cpp built with CUDA for sm_90 (H100/H200): the GPU peer of `python -m bench.gpu`
 # (llama-bench, llama-batched-bench) and of the HTTP comparison (llama-server).
 #
 # Two steps, because the GPU machine reaches no registry:
@@ -13,7 +13,7 @@
 # travel with the working tree. `build` unpacks it and builds the three tools into
 # $BUILD_DIR/build/bin, statically linked; then:
 #
-#   python -m vtllm bench gpu --llama-bench $BUILD_DIR/build/bin/llama-bench
+#   python -m bench.gpu --llama-bench $BUILD_DIR/build/bin/llama-bench
 #
 # Environment: SRC_TAR (default .peers-src/llama.cpp-cuda.tar.gz), BUILD_DIR (default
 # .peers-build-cuda), PIP (for `source`; default .venv/bin/pip), JOBS (default: all cores),

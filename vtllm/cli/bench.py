@@ -37,10 +37,6 @@ def _peak_rss_mib() -> float:
 def run_bench(args) -> int:
     from vtllm.cli.generate import load_llm
 
-    if args.bench == "gpu":
-        from vtllm.cli.bench_gpu import run_bench_gpu
-
-        return run_bench_gpu(args)
     if args.bench == "kernels":
         from vtllm.cli.bench_kernels import bench_kernels
 

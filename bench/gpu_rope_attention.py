@@ -1,25 +1,20 @@
-# ruff: noqa: E501
-"""rope_attention against the two kernels it replaces (qkv_rope, then the split attention), on
-the GPU machine from the repo root (after .device/bootstrap.sh):
-    python3 tools/device_bench_rope_attention.py [--shape 0.6B] [--cases 1x128,1x1024,8x128]
+"""rope_attention against the two kernels it replaces (qkv_rope, then the split attention),
+from the repo root, on a machine with an NVIDIA GPU and the [cuda] extra:
+    python -m bench.gpu_rope_attention [--shape 0.6B] [--cases 1x128,1x1024,8x128]
 Each case is batch x context, one new token per sequence. Besides the full kernel, it times
 rope_attention without the q/k norms and with positions outside the rope table (no rotation),
 so the cost of each part shows. Each figure is a CUDA graph of 20 back-to-back launches
-replayed 5 times, median per launch (device_profile_decode.gpu_us)."""
+replayed 5 times, median per launch (bench.gpu_profile_decode.gpu_us)."""
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 from numba import cuda
 
-sys.path.insert(0, str(Path(__file__).parent))
-from device_profile_decode import gpu_us  # noqa: E402
-
-from vtllm.kernels.cuda import paged_attention  # noqa: E402
-from vtllm.kernels.cuda.attention_split import make_scratch, rope_attention  # noqa: E402
-from vtllm.kernels.cuda.qkv_rope import qkv_rope  # noqa: E402
+from bench.gpu_profile_decode import gpu_us
+from vtllm.kernels.cuda import paged_attention
+from vtllm.kernels.cuda.attention_split import make_scratch, rope_attention
+from vtllm.kernels.cuda.qkv_rope import qkv_rope
 
 SHAPES = {"0.6B": (16, 8, 128), "8B": (32, 8, 128), "135M": (9, 3, 64)}  # (Hq, Hk, D)
 BS, MAX_POS = 16, 4096

@@ -1,8 +1,8 @@
-"""The card's ceilings and the peers of `bench gpu`: torch, HF transformers, llama.cpp.
+"""The card's ceilings and the peers of bench.gpu: torch, HF transformers, llama.cpp.
 
 Everything here talks to torch or to llama.cpp's binaries, imported or started inside the
 functions, so that the module loads on a machine with neither. The kernel micro-benchmarks
-are the scripts under tools/, run as they are.
+are this package's gpu_linear, gpu_attention and gpu_profile_decode, run as they are.
 """
 
 import json
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 LLAMA_GEN = 128  # tokens llama.cpp generates per test (its llama-bench default)
 
 
@@ -226,20 +226,19 @@ def parse_batched_bench(text: str) -> dict:
 
 
 def kernel_tools(checkpoints: list[Path], settings) -> dict:
-    """The tools/ micro-benchmarks, their printed tables by name: linear kernels against
+    """The kernel micro-benchmarks, their printed tables by name: linear kernels against
     torch (M=1..64; the prefill GEMM at 128..4096 rows), decode attention against torch SDPA,
     and the per-op profile of a decode step of each checkpoint at batch 1 and 32."""
-    tools = ROOT / "tools"
-    py = sys.executable
+    py = [sys.executable, "-m"]
     runs = {
-        "decode linear vs torch": [py, tools / "device_bench_linear.py", "--prefill", ""],
-        "prefill GEMM vs torch": [py, tools / "device_bench_linear.py", "--gemm"],
-        "attention vs torch SDPA": [py, tools / "device_bench_attention.py"],
+        "decode linear vs torch": [*py, "bench.gpu_linear", "--prefill", ""],
+        "prefill GEMM vs torch": [*py, "bench.gpu_linear", "--gemm"],
+        "attention vs torch SDPA": [*py, "bench.gpu_attention"],
     }
     for ckpt in checkpoints:
         for batch in (1, 32):
             runs[f"decode profile {ckpt.name} batch {batch}"] = [
-                py, tools / "device_profile_decode.py", ckpt, "--batch", str(batch),
+                *py, "bench.gpu_profile_decode", ckpt, "--batch", str(batch),
                 "--context", str(settings.context),
             ]  # fmt: skip
     env = dict(
@@ -256,5 +255,5 @@ def kernel_tools(checkpoints: list[Path], settings) -> dict:
         except subprocess.TimeoutExpired:
             text = "timed out after 1200s"
         out[name] = text
-        print(f"[bench gpu] {name}: {text.splitlines()[-1]}", file=sys.stderr, flush=True)
+        print(f"[bench.gpu] {name}: {text.splitlines()[-1]}", file=sys.stderr, flush=True)
     return out

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the server's event-loop thread spends a streamed token, measured on any machine.
 
-    python tools/host_cost_serve.py [--concurrency 64] [--prompts 512] [--repeat 3] [-- SERVE ARGS]
+    python -m bench.host_cost_serve [--concurrency 64] [--prompts 512] [--repeat 3] [-- SERVE ARGS]
 
 Starts `vtllm serve` on a tiny synthetic model (so the model's own step is a small part of
 the CPU time), runs loadtest/bench_serve.py against it (completions, streamed, 128-token

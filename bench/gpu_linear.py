@@ -1,22 +1,22 @@
-# ruff: noqa: E501
-"""Linear kernels against torch on the same shapes, on the GPU machine (after .device/bootstrap.sh):
-    python3 tools/device_bench_linear.py [--ms 1,2,4,8,16,32,64] [--prefill 1024] [--variant F]
-        [--rows]
-    python3 tools/device_bench_linear.py --gemm [--gemm-ms 128,512,1024,4096] [--shapes ...]
+"""Linear kernels against torch on the same shapes, from the repo root, on a machine with an
+NVIDIA GPU and the [cuda] extra (and torch):
+    python -m bench.gpu_linear [--ms 1,2,4,8,16,32,64] [--prefill 1024] [--variant F] [--rows]
+    python -m bench.gpu_linear --gemm [--gemm-ms 128,512,1024,4096] [--shapes ...]
 Ours: the tensor-core kernel on packed bf16 W (linear_mma) and the GEMV kernel (linear, bf16
 bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a CUDA graph of
 20 back-to-back launches replayed 5 times, median per launch (no Python launch cost in it).
 GB/s counts the weight bytes once per launch; TFLOP/s is 2 M N K per launch. --variant loads
 the kernel module from a file instead (a copy with other tuning constants; with --gemm, a
 copy of gemm_mma.py; with --wgmma, of gemm_wgmma.py). --wgmma times gemm_wgmma (Hopper's
-warpgroup mma, x rounded included) against gemm_mma, linear_mma's bits and torch. --rows adds linear_rows (batched decode, bits
-checked against linear_mma) for M > 8, and --rows-variant copies of its module beside it. --gemm times the
-prefill kernel gemm_mma (x split included, and alone) against linear_mma and torch on the 8B
-shapes (8B o at M = 4096 is 4096^3), and checks on the device that its bits are linear_mma's.
---x-bf16 packs W for x rounded to bf16 (one mma a product; PackedBF16.x_bf16), ours and the
-bit reference alike. To see what stalls the GEMM (Nsight Compute profiles its first launch,
-the bit check's; kernels made by a factory carry its name, _gemm_kernel, in their mangled
-names, while ncu's default matches the plain name, kernel), prefix the command with
+warpgroup mma, x rounded included) against gemm_mma, linear_mma's bits and torch. --rows adds
+linear_rows (batched decode, bits checked against linear_mma) for M > 8, and --rows-variant
+copies of its module beside it. --gemm times the prefill kernel gemm_mma (x split included,
+and alone) against linear_mma and torch on the 8B shapes (8B o at M = 4096 is 4096^3), and
+checks on the device that its bits are linear_mma's. --x-bf16 packs W for x rounded to bf16
+(one mma a product; PackedBF16.x_bf16), ours and the bit reference alike. To see what stalls
+the GEMM (Nsight Compute profiles its first launch, the bit check's; kernels made by a factory
+carry its name, _gemm_kernel, in their mangled names, while ncu's default matches the plain
+name, kernel), prefix the command with
     ncu --kernel-name-base mangled --kernel-name regex:_gemm_kernel --launch-count 1
         --section SpeedOfLight
         --section WarpStateStats --section SchedulerStats --section Occupancy
@@ -89,7 +89,9 @@ def bench_gemm(ms, shapes, gmod, x_bf16):
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
-        f"{'shape':14s} {'M':>5s} {'gemm us':>8s} {'TFLOP/s':>7s} {'alone us':>8s} {'mma us':>8s} {'TFLOP/s':>7s} {'torch us':>8s} {'TFLOP/s':>7s} {'torch/gemm':>10s} {'bits':>6s} {'pays':>5s}"
+        f"{'shape':14s} {'M':>5s} {'gemm us':>8s} {'TFLOP/s':>7s} "
+        f"{'alone us':>8s} {'mma us':>8s} {'TFLOP/s':>7s} {'torch us':>8s} "
+        f"{'TFLOP/s':>7s} {'torch/gemm':>10s} {'bits':>6s} {'pays':>5s}"
     )
     for name in shapes:
         n, k = SHAPES[name]
@@ -135,7 +137,9 @@ def bench_gemm(ms, shapes, gmod, x_bf16):
             peer = torch_us(lambda xt=xt, wt=wt: torch.nn.functional.linear(xt, wt))
             tf = 2 * m * n * k / 1e6
             print(
-                f"{name:14s} {m:5d} {ours:8.1f} {tf / ours:7.1f} {alone:8.1f} {mma:8.1f} {tf / mma:7.1f} {peer:8.1f} {tf / peer:7.1f} {peer / ours:10.2f} {bad:6d} {gemm_pays(m, n)!s:>5s}"
+                f"{name:14s} {m:5d} {ours:8.1f} {tf / ours:7.1f} {alone:8.1f} "
+                f"{mma:8.1f} {tf / mma:7.1f} {peer:8.1f} {tf / peer:7.1f} "
+                f"{peer / ours:10.2f} {bad:6d} {gemm_pays(m, n)!s:>5s}"
             )
             del x, out, ref, xs
         del packed, wt
@@ -182,8 +186,10 @@ def bench_wgmma(ms, shapes, wg):
             xt = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             peer = torch_us(lambda xt=xt, wt=wt: torch.nn.functional.linear(xt, wt))
             tf = 2 * m * n * k / 1e6
-            print(f"{name:14s} {m:5d} {ours:8.1f} {tf / ours:7.1f} {mma:8.1f} {tf / mma:7.1f} "
-                  f"{peer:8.1f} {tf / peer:7.1f} {peer / ours:8.2f} {bad:8d} {err:8.1e}")  # fmt: skip
+            print(
+                f"{name:14s} {m:5d} {ours:8.1f} {tf / ours:7.1f} {mma:8.1f} {tf / mma:7.1f} "
+                f"{peer:8.1f} {tf / peer:7.1f} {peer / ours:8.2f} {bad:8d} {err:8.1e}"
+            )
             del x, out, ref, xs
         del packed, wt
         torch.cuda.empty_cache()
@@ -266,7 +272,8 @@ def main():
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
-        f"{'shape':14s} {'M':>5s} {'ours us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} {'torch us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} {'ours/torch':>10s} {'gemv / rows':>8s}"
+        f"{'shape':14s} {'M':>5s} {'ours us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} "
+        f"{'torch us':>8s} {'GB/s':>6s} {'TFLOP/s':>7s} {'ours/torch':>10s} {'gemv / rows':>8s}"
     )
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
@@ -289,13 +296,17 @@ def main():
                     bench_rows(stream, mod, x, xs, packed, out, r.linear_rows) for r in rows_mods
                 )
             if args.gemv and m <= 8:
-                gemv = f"{numba_us(stream, lambda x=x, w=w_bits, o=out: linear(x, w, QType.BF16, o, stream=stream)):8.1f}"
+                us = numba_us(
+                    stream, lambda x=x, w=w_bits, o=out: linear(x, w, QType.BF16, o, stream=stream)
+                )
+                gemv = f"{us:8.1f}"
             xt = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             peer = torch_us(lambda xt=xt, wt=wt: torch.nn.functional.linear(xt, wt))
             gb = n * k * 2 / 1e3
             tf = 2 * m * n * k / 1e6
             print(
-                f"{name:14s} {m:5d} {ours:8.1f} {gb / ours:6.0f} {tf / ours:7.1f} {peer:8.1f} {gb / peer:6.0f} {tf / peer:7.1f} {peer / ours:10.2f} {gemv}"
+                f"{name:14s} {m:5d} {ours:8.1f} {gb / ours:6.0f} {tf / ours:7.1f} "
+                f"{peer:8.1f} {gb / peer:6.0f} {tf / peer:7.1f} {peer / ours:10.2f} {gemv}"
             )
         torch.cuda.empty_cache()
 

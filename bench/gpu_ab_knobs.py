@@ -1,17 +1,16 @@
-# ruff: noqa: E501
 """One runner knob at several values, side by side in one process: c1 decode through the
 offline API and the decode step's CUDA graph (GPU only) at several batch sizes. The checkpoint
 is loaded once; the values run in turn, ROUNDS times over (A B A B ...), so drift in the card
-shows up as spread instead of as a difference. Run on the GPU machine from the repo root
-(after .device/bootstrap.sh):
-    python3 tools/device_ab_knobs.py CHECKPOINT_DIR cuda_l2_prefetch_mb=0,32 [--batches 1,8,32]
+shows up as spread instead of as a difference. From the repo root, on a machine with an
+NVIDIA GPU and the [cuda] extra:
+    python -m bench.gpu_ab_knobs CHECKPOINT_DIR cuda_pdl=true,false [--batches 1,8,32]
         [--context 1024] [--rounds 2] [--no-c1]
 Values are parsed as ints where they can be, else kept as strings (true/false as bools)."""
 
 import argparse
 import statistics
 
-from vtllm.cli.bench_gpu_ours import Bench, offline_c1_ms
+from bench.gpu_ours import Bench, offline_c1_ms
 from vtllm.models.loader import load_model
 
 

@@ -1,4 +1,4 @@
-"""`bench gpu` without a GPU: its arguments, the roofline arithmetic, the peers' output
+"""bench.gpu without a GPU: its arguments, the roofline arithmetic, the peers' output
 parsers and the table. No timing here."""
 
 import subprocess
@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from vtllm.__main__ import _build_parser
-from vtllm.cli import bench_gpu
-from vtllm.cli.bench_gpu import Settings
-from vtllm.cli.bench_gpu_peers import parse_batched_bench, parse_llama_bench
+from bench import gpu as bench_gpu
+from bench.gpu import Settings
+from bench.gpu_peers import parse_batched_bench, parse_llama_bench
 from vtllm.errors import InvalidParameter
 from vtllm.models.config import ModelConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Llama-3.1-8B: the shape whose floors the GPU speed issue quotes (4.3 TB/s, 1k context)
 LLAMA_8B = ModelConfig(architecture="llama", hidden_size=4096, num_layers=32, num_heads=32,
                        num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
@@ -22,7 +21,7 @@ LLAMA_8B = ModelConfig(architecture="llama", hidden_size=4096, num_layers=32, nu
 
 
 def _settings(*argv) -> Settings:
-    return Settings(_build_parser().parse_args(["bench", "gpu", *argv]))
+    return Settings(bench_gpu.build_parser().parse_args(list(argv)))
 
 
 def test_defaults_and_flags_parse():
@@ -61,7 +60,7 @@ def test_bad_arguments_name_their_flag(argv, param):
 
 
 def test_cli_help_and_errors_need_no_gpu():
-    run = [sys.executable, "-m", "vtllm", "bench", "gpu"]
+    run = [sys.executable, "-m", "bench.gpu"]
     done = subprocess.run([*run, "--help"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and "--llama-bench" in done.stdout
     done = subprocess.run([*run, "--shapes", "nope"], capture_output=True, text=True, cwd=ROOT)

@@ -1,6 +1,7 @@
 """Wall time of one wave of prompts prefilled together (max_tokens=1), the same token count split
-into more and more prompts: does a step's cost grow with its number of prompts? Run on the GPU
-machine from the repo root: python3 tools/device_prefill_wave.py CHECKPOINT_DIR [TOKENS]"""
+into more and more prompts: does a step's cost grow with its number of prompts? From the repo
+root, on a machine with an NVIDIA GPU and the [cuda] extra:
+    python -m bench.gpu_prefill_wave CHECKPOINT_DIR [TOKENS]"""
 
 import sys
 import time

@@ -1,16 +1,16 @@
-"""Launches one kernel case three times, for Nsight Compute to profile one launch, on the GPU
-machine (after .device/bootstrap.sh):
-    python3 tools/device_ncu_case.py attn HQ HK D BATCH CONTEXT {f32,bf16}
-    python3 tools/device_ncu_case.py rows N K M        (linear_rows, x split hi + lo)
-    python3 tools/device_ncu_case.py mma N K M         (linear_mma)
-    python3 tools/device_ncu_case.py gemm N K M        (gemm_mma, W packed for x_bf16)
+"""Launches one kernel case three times, for Nsight Compute to profile one launch. From the
+repo root, on a machine with an NVIDIA GPU and the [cuda] extra:
+    python -m bench.gpu_ncu_case attn HQ HK D BATCH CONTEXT {f32,bf16}
+    python -m bench.gpu_ncu_case rows N K M        (linear_rows, x split hi + lo)
+    python -m bench.gpu_ncu_case mma N K M         (linear_mma)
+    python -m bench.gpu_ncu_case gemm N K M        (gemm_mma, W packed for x_bf16)
 Random inputs, one sequence per row with CONTEXT keys in shuffled 16-slot blocks. Under ncu
 (the factory-made kernels are all named `kernel`: match the factory in the demangled name),
 e.g. the decode split kernel at the 8B shape, batch 32, 1,024 keys, with stall reasons:
     STALLS='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio'
     ncu --kernel-name-base demangled --kernel-name regex:split_kernel_for \\
         --launch-skip 2 --launch-count 1 --metrics "$STALLS,smsp__inst_executed.sum" \\
-        python3 tools/device_ncu_case.py attn 32 8 128 32 1024 f32
+        python -m bench.gpu_ncu_case attn 32 8 128 32 1024 f32
 (--section SpeedOfLight --section WarpStateStats --section Occupancy ... for the overview;
 regex:rows_kernel, regex:block_kernel (linear_mma), regex:gemm_kernel for the others). Stall
 ratios are cycles per issued instruction (short_scoreboard: shared-memory

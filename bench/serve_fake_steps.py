@@ -1,7 +1,7 @@
 """`vtllm serve` on the CPU backend with each model step replaced by a sleep and made-up
 tokens: the host's serving path alone (scheduler, detokenizer, SSE, HTTP) at a GPU-like step
 rate, on any machine. From the repo root:
-    .venv/bin/python tools/serve_fake_steps.py 0.005 serve --port 8911 --max-num-seqs 64 \
+    .venv/bin/python -m bench.serve_fake_steps 0.005 serve --port 8911 --max-num-seqs 64 \
         --max-model-len 4096 --log-level warning &
     .venv/bin/python loadtest/bench_serve.py --base-url http://127.0.0.1:8911 \
         --endpoint completions --input-len 128 --output-len 64 --ignore-eos --temperature 0 \
@@ -9,8 +9,8 @@ rate, on any machine. From the repo root:
         --max-concurrency 64
 The first argument is the step time in seconds; the rest are vtllm's. The CPU backend's launch
 is a hand-off to its worker thread, so the CUDA runner's own launch cost is not in it. To compare
-two trees, start each with PYTHONPATH=TREE: Python puts this script's folder, not the current
-one, on sys.path, so without it both would import the installed (editable) checkout's vtllm.
+two trees, start each from its own root: `python -m` puts the current folder first on sys.path,
+so each imports its own vtllm rather than the installed (editable) checkout's.
 /metrics' vt:event_loop_cpu_seconds over vt:generation_tokens between two scrapes is the event
 loop's CPU a token, steadier than throughput on a shared box. Each full garbage collection
 prints its length to stderr ("gc: full collection N ms"): the pauses every stream shares."""

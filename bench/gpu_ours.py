@@ -1,4 +1,4 @@
-"""Our side of `bench gpu`: the CUDA runner's decode step and time to first token.
+"""Our side of bench.gpu: the CUDA runner's decode step and time to first token.
 
 The runner is driven with StepPlans directly (no scheduler), as the engine would drive it:
 max_batch requests are prefilled once with `context`-token prompts, each on its own blocks;

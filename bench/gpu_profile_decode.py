@@ -1,8 +1,7 @@
-# ruff: noqa: E501
 """Where a decode step's time goes on the GPU: the whole step's graph, each op alone, and the
-host. Run on the GPU machine from the repo root (after .device/bootstrap.sh):
-    python3 tools/device_profile_decode.py CHECKPOINT_DIR [--batch 1] [--mixed 128]
-    python3 tools/device_profile_decode.py CHECKPOINT_DIR --prefill 1024 [--seqs 1] [--dtype float32]
+host. From the repo root, on a machine with an NVIDIA GPU and the [cuda] extra:
+    python -m bench.gpu_profile_decode CHECKPOINT_DIR [--batch 1] [--mixed 128]
+    python -m bench.gpu_profile_decode CHECKPOINT_DIR --prefill 1024 [--seqs 1] [--dtype float32]
 --mixed P profiles a decode step of the batch that also prefills a P-token prompt (a serving
 step under load). --prefill N profiles the prefill of N prompt tokens in --seqs prompts instead
 (its wall time with the step's graph and eagerly, the graph alone, each op over the step's
@@ -61,10 +60,18 @@ def main():
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill")
     p.add_argument("--mixed", type=int, default=0, help="decode steps also prefill P tokens")
     p.add_argument("--seqs", type=int, default=1, help="prompts the prefill's tokens are split in")
-    p.add_argument("--split-rows", type=int, default=0,
-                   help="the runner's split_attention_rows (VT_CUDA_SPLIT_ATTENTION_ROWS)")
-    p.add_argument("--host-profile", type=int, default=0,
-                   help="cProfile N launch() calls and print where the host's time goes")
+    p.add_argument(
+        "--split-rows",
+        type=int,
+        default=0,
+        help="the runner's split_attention_rows (VT_CUDA_SPLIT_ATTENTION_ROWS)",
+    )
+    p.add_argument(
+        "--host-profile",
+        type=int,
+        default=0,
+        help="cProfile N launch() calls and print where the host's time goes",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
                    help="KV cache and matmul inputs (bfloat16: the default on cuda)")  # fmt: skip
     args = p.parse_args()
@@ -174,8 +181,11 @@ def profile_prefill(runner, plan):
     graph = runner.graphs[bucket]
     whole = gpu_us(runner.stream, graph.replay, reps=3, capture=False)
     c = runner.config
-    print(f"model {c.num_layers} layers hidden {c.hidden_size} vocab {c.vocab_size}; prefill "
-          f"{T} tokens of {len(plan.chunks)} prompts in bucket {bucket}; graph nodes {graph.num_nodes}")  # fmt: skip
+    print(
+        f"model {c.num_layers} layers hidden {c.hidden_size} vocab {c.vocab_size}; prefill "
+        f"{T} tokens of {len(plan.chunks)} prompts in bucket {bucket}; "
+        f"graph nodes {graph.num_nodes}"
+    )
     print(f"prefill step, eager (wall):  {1e3 * wall[False]:9.2f} ms")
     print(f"prefill step, graph (wall):  {1e3 * wall[True]:9.2f} ms")
     print(f"prefill graph alone (GPU):   {whole / 1e3:9.2f} ms")
@@ -207,25 +217,123 @@ def op_rows(runner, T, R, views):
     res, attn2d, eps = m.residual[:B], m.attn[:B].reshape(B, c.q_size), c.rms_norm_eps
     res.copy_to_device(rng.standard_normal(res.shape).astype(np.float32))
     rows = [
-        ("rms_norm (+residual)", 2 * n_plain + 1, lambda: ops.rms_norm(h, lay.ffn_norm, 1e-6, x, residual=m.residual[:B], stream=s)),
+        (
+            "rms_norm (+residual)",
+            2 * n_plain + 1,
+            lambda: ops.rms_norm(h, lay.ffn_norm, 1e-6, x, residual=m.residual[:B], stream=s),
+        ),
         ("linear qkv", n_plain, lambda: lay.qkv.matmul(x, qkv, x_scratch=m.x_scratch, stream=s)),
         ("linear o", n_plain, lambda: lay.o.matmul(attn2d, h, x_scratch=m.x_scratch, stream=s)),
-        ("gate_up + SwiGLU", n_plain, lambda: lay.gate_up.matmul(x, m.gate_up[:B], x_scratch=m.x_scratch, act=m.act[:B], stream=s)),
-        ("linear down", n_plain, lambda: lay.down.matmul(m.act[:B], h, x_scratch=m.x_scratch, stream=s)),
-        ("qkv_rope (+q/k norm)", n_unfused, lambda: qkv_rope(qkv, m.q[:B], m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)),
-        ("paged_attention", n_unfused, lambda: ops.paged_attention(m.q[:B], m.kv_k[0], m.kv_v[0], inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], scratch=m.attn_scratch, stream=s)),
-        ("lm_head", 1, lambda: m.lm_head.matmul(m.final[:R], m.logits[:R], x_scratch=m.x_scratch, stream=s)),
+        (
+            "gate_up + SwiGLU",
+            n_plain,
+            lambda: lay.gate_up.matmul(
+                x, m.gate_up[:B], x_scratch=m.x_scratch, act=m.act[:B], stream=s
+            ),
+        ),
+        (
+            "linear down",
+            n_plain,
+            lambda: lay.down.matmul(m.act[:B], h, x_scratch=m.x_scratch, stream=s),
+        ),
+        (
+            "qkv_rope (+q/k norm)",
+            n_unfused,
+            lambda: qkv_rope(
+                qkv,
+                m.q[:B],
+                m.kv_k[0],
+                m.kv_v[0],
+                inp.slot_mapping,
+                inp.positions,
+                m.cos_sin,
+                1e-6,
+                q_norm=lay.q_norm,
+                k_norm=lay.k_norm,
+                stream=s,
+            ),
+        ),
+        (
+            "paged_attention",
+            n_unfused,
+            lambda: ops.paged_attention(
+                m.q[:B],
+                m.kv_k[0],
+                m.kv_v[0],
+                inp.block_tables,
+                inp.seq_lens,
+                inp.query_start_loc,
+                m.scale,
+                m.attn[:B],
+                scratch=m.attn_scratch,
+                stream=s,
+            ),
+        ),
+        (
+            "lm_head",
+            1,
+            lambda: m.lm_head.matmul(m.final[:R], m.logits[:R], x_scratch=m.x_scratch, stream=s),
+        ),
         ("sample (greedy)", 1, lambda: runner._sample(m.logits[:R], views, R)),
-    ]  # fmt: skip
+    ]
     if fold:
         rows += [
-            ("qkv, norm folded", n, lambda: linear_mma(res, lay.qkv.data, qkv, norm_weight=lay.attn_norm, eps=eps, stream=s)),
-            ("o, += residual", n, lambda: linear_mma(attn2d, lay.o.data, res, accumulate=True, stream=s)),
-            ("gate_up, norm + SwiGLU", n, lambda: linear_mma(res, lay.gate_up.data, m.act[:B], swiglu=True, norm_weight=lay.ffn_norm, eps=eps, stream=s)),
-            ("down, += residual", n, lambda: linear_mma(m.act[:B], lay.down.data, res, accumulate=True, stream=s)),
-        ]  # fmt: skip
+            (
+                "qkv, norm folded",
+                n,
+                lambda: linear_mma(
+                    res, lay.qkv.data, qkv, norm_weight=lay.attn_norm, eps=eps, stream=s
+                ),
+            ),
+            (
+                "o, += residual",
+                n,
+                lambda: linear_mma(attn2d, lay.o.data, res, accumulate=True, stream=s),
+            ),
+            (
+                "gate_up, norm + SwiGLU",
+                n,
+                lambda: linear_mma(
+                    res,
+                    lay.gate_up.data,
+                    m.act[:B],
+                    swiglu=True,
+                    norm_weight=lay.ffn_norm,
+                    eps=eps,
+                    stream=s,
+                ),
+            ),
+            (
+                "down, += residual",
+                n,
+                lambda: linear_mma(m.act[:B], lay.down.data, res, accumulate=True, stream=s),
+            ),
+        ]
     if in_attention:
-        rows.append(("rope_attention", n, lambda: rope_attention(qkv, m.kv_k[0], m.kv_v[0], inp.slot_mapping, inp.positions, m.cos_sin, 1e-6, inp.block_tables, inp.seq_lens, inp.query_start_loc, m.scale, m.attn[:B], m.attn_scratch, q_norm=lay.q_norm, k_norm=lay.k_norm, stream=s)))  # fmt: skip
+        rows.append(
+            (
+                "rope_attention",
+                n,
+                lambda: rope_attention(
+                    qkv,
+                    m.kv_k[0],
+                    m.kv_v[0],
+                    inp.slot_mapping,
+                    inp.positions,
+                    m.cos_sin,
+                    1e-6,
+                    inp.block_tables,
+                    inp.seq_lens,
+                    inp.query_start_loc,
+                    m.scale,
+                    m.attn[:B],
+                    m.attn_scratch,
+                    q_norm=lay.q_norm,
+                    k_norm=lay.k_norm,
+                    stream=s,
+                ),
+            )
+        )
     total = 0.0
     print(f"{'op':24s} {'us each':>9s} {'per step':>9s} {'x':>4s}")
     for name, count, fn in rows:

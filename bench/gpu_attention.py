@@ -1,7 +1,6 @@
-# ruff: noqa: E501
-"""Decode attention over the paged KV cache on the GPU machine (after .device/bootstrap.sh):
-    python3 tools/device_bench_attention.py [--variant FILE ...] [--targets 1024,4096]
-        [--kv bfloat16]
+"""Decode attention over the paged KV cache, from the repo root, on a machine with an NVIDIA
+GPU and the [cuda] extra (and torch):
+    python -m bench.gpu_attention [--variant FILE ...] [--targets 1024,4096] [--kv bfloat16]
 Times attention_split (the decode path: split keys over blocks, partial states to a scratch,
 then the in-order combine) at model shapes, batch sizes and context lengths, against torch's
 scaled_dot_product_attention on the same float32 K/V laid out contiguously (the peer: no
@@ -9,34 +8,31 @@ paging, no GQA sharing of loads). GB/s counts the K and V bytes once per launch;
 streams ~4.3 TB/s. Each figure is a CUDA graph of 20 launches replayed 5 times, median per
 launch, over enough copies of the KV cache that it comes from HBM (not L2). --variant times
 other copies of attention_split.py too (checked against ours), or any module with its entry
-points: --variant vtllm/kernels/cuda/attention_ring.py times the ring kernel. --kv bfloat16: a cache of bf16
-bits (2 bytes a value) and torch's K/V and q in bf16. --shapes 8B: only that shape.
---cases 8B:8:1024,8B:16:1024 times those (shape:batch:context) cases instead of CASES.
+points: --variant vtllm/kernels/cuda/attention_ring.py times the ring kernel. --kv bfloat16:
+a cache of bf16 bits (2 bytes a value) and torch's K/V and q in bf16. --shapes 8B: only that
+shape. --cases 8B:8:1024,8B:16:1024 times those (shape:batch:context) cases instead of CASES.
 --geometries 4:3:168,2:3:128 sweeps a ring module's (warps, stages, registers) for the cache
 type in use, without copies of the module.
-    python3 tools/device_bench_attention.py --prefill 512,1024,4096 [--variant FILE ...]
+    python -m bench.gpu_attention --prefill 512,1024,4096 [--variant FILE ...]
 times the prefill path instead (one prompt of n tokens attending causally to itself, no
-scratch; --kv as above) against torch's causal scaled_dot_product_attention; a variant may be a copy of
-attention_split.py (its split_attention without scratch), of attention_prefill.py or of
-attention_flash.py (tensor cores; needs --kv bfloat16; its max err is rounding, not a bug).
-Each case launches its kernel once outside a graph before timing, so a profiler can take that
-launch: ncu --kernel-name regex:_prefill_kernel --launch-count 1 --section SpeedOfLight
---section WarpStateStats python3 tools/device_bench_attention.py --prefill 1024 --shapes 8B"""
+scratch; --kv as above) against torch's causal scaled_dot_product_attention; a variant may be
+a copy of attention_split.py (its split_attention without scratch), of attention_prefill.py
+or of attention_flash.py (tensor cores; needs --kv bfloat16; its max err is rounding, not a
+bug). Each case launches its kernel once outside a graph before timing, so a profiler can take
+that launch: ncu --kernel-name regex:_prefill_kernel --launch-count 1 --section SpeedOfLight
+--section WarpStateStats python -m bench.gpu_attention --prefill 1024 --shapes 8B"""
 
 import argparse
 import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from numba import cuda
 
-sys.path.insert(0, str(Path(__file__).parent))
-from device_bench_linear import numba_us, torch_us  # noqa: E402
-
-from vtllm.kernels.cuda import attention_split  # noqa: E402
-from vtllm.models.synthetic import to_bf16_bits  # noqa: E402
+from bench.gpu_linear import numba_us, torch_us
+from vtllm.kernels.cuda import attention_split
+from vtllm.models.synthetic import to_bf16_bits
 
 TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # name: (query heads, kv heads, head dim)
@@ -109,7 +105,8 @@ def main():
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
-        f"{'kernel':22s} {'shape':5s} {'batch':>5s} {'ctx':>5s} {'us':>8s} {'GB/s':>6s} {'torch us':>8s} {'GB/s':>6s} {'max err':>8s}"
+        f"{'kernel':22s} {'shape':5s} {'batch':>5s} {'ctx':>5s} {'us':>8s} "
+        f"{'GB/s':>6s} {'torch us':>8s} {'GB/s':>6s} {'max err':>8s}"
     )
     cases = [(c.split(":")[0], *map(int, c.split(":")[1:])) for c in args.cases.split(",") if c]
     for shape, batch, ctx in [c for c in cases or CASES if c[0] in shapes]:
@@ -153,7 +150,8 @@ def main():
             ref = got if ref is None else ref
             err = float(np.abs(got - ref).max())
             print(
-                f"{label:22s} {shape:5s} {batch:5d} {ctx:5d} {us:8.1f} {gb / us:6.0f} {peer:8.1f} {gb / peer:6.0f} {err:8.1e}"
+                f"{label:22s} {shape:5s} {batch:5d} {ctx:5d} {us:8.1f} "
+                f"{gb / us:6.0f} {peer:8.1f} {gb / peer:6.0f} {err:8.1e}"
             )
         torch.cuda.empty_cache()
 
@@ -176,7 +174,8 @@ def bench_prefill(mods, lengths, shapes, kv):
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
-        f"{'kernel':24s} {'shape':5s} {'n':>5s} {'us':>9s} {'TFLOP/s':>8s} {'torch us':>9s} {'TFLOP/s':>8s} {'max err':>8s}"
+        f"{'kernel':24s} {'shape':5s} {'n':>5s} {'us':>9s} "
+        f"{'TFLOP/s':>8s} {'torch us':>9s} {'TFLOP/s':>8s} {'max err':>8s}"
     )
     for shape in [s for s in ("135M", "0.6B", "8B") if s in shapes]:
         hq, hk, d = SHAPES[shape]
@@ -221,7 +220,8 @@ def bench_prefill(mods, lengths, shapes, kv):
                 ref = got if ref is None else ref
                 err = float(np.abs(got - ref).max())
                 print(
-                    f"{name:24s} {shape:5s} {n:5d} {us:9.1f} {tflop / us:8.2f} {peer:9.1f} {tflop / peer:8.2f} {err:8.1e}"
+                    f"{name:24s} {shape:5s} {n:5d} {us:9.1f} {tflop / us:8.2f} "
+                    f"{peer:9.1f} {tflop / peer:8.2f} {err:8.1e}"
                 )
             del kcs, vcs
             torch.cuda.empty_cache()

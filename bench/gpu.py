@@ -1,4 +1,10 @@
-"""`python -m vtllm bench gpu`: GPU speed against the card's limits and the peers, in one run.
+"""`python -m bench.gpu`: GPU speed against the card's limits and the peers, in one run.
+
+From the repository root, on a machine with an NVIDIA GPU and the [cuda] extra (torch for the
+card's ceilings; HF transformers for the hf peer; loadtest/peers/requirements-hf.txt):
+    python -m bench.gpu [--shapes qwen3-0.6b,llama3-8b] [--peers hf,llamacpp]
+        [--llama-bench PATH] [--json [PATH]] ...
+bench/gpu.sh builds the llama.cpp peer first and runs the whole comparison.
 
 For each shape: a synthetic bf16 checkpoint (written once under --work), our decode step at
 several batch sizes, our time to first token, the same workloads through HF transformers and
@@ -9,7 +15,7 @@ Ratios are speed ratios, so bigger is better for us whatever the unit: ours/floo
 of the roofline reached (1.0 = at the physical limit), ours/peer above 1.0 means we are faster.
 
 This module stays importable without a GPU (argument parsing, roofline arithmetic, the table);
-the device work lives in bench_gpu_ours (numba.cuda) and bench_gpu_peers (torch, llama.cpp).
+the device work lives in bench.gpu_ours (numba.cuda) and bench.gpu_peers (torch, llama.cpp).
 """
 
 import argparse
@@ -22,6 +28,15 @@ DEFAULT_SHAPES = "qwen3-0.6b,llama3-8b"
 PEERS = ("hf", "llamacpp")
 PEER_LABELS = {"hf": "HF transformers", "llamacpp": "llama.cpp"}
 OFFLINE_PROMPT, OFFLINE_DECODE = 16, 128  # the c1 end-to-end run (as `bench latency` does)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gpu",
+        description="GPU speed against the roofline and the peers (HF transformers, llama.cpp)",
+    )
+    add_arguments(parser)
+    return parser
 
 
 def add_arguments(parser) -> None:
@@ -314,7 +329,7 @@ LEGEND = (
 
 
 def say(message: str) -> None:
-    print(f"[bench gpu {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    print(f"[bench.gpu {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def ensure_checkpoint(settings, shape: str) -> Path:
@@ -334,25 +349,25 @@ def ensure_checkpoint(settings, shape: str) -> Path:
 
 def measure_shape(settings, shape: str, ckpt: Path) -> tuple[object, dict]:
     """(model config, {"ours": ..., peer: ...}); a peer that fails leaves {"error": ...}."""
-    from vtllm.cli import bench_gpu_ours, bench_gpu_peers
+    from bench import gpu_ours, gpu_peers
     from vtllm.models.loader import load_model
 
     loaded = load_model(ckpt)
     results = {}
     say(f"{shape}: ours, offline API c1")
-    c1 = bench_gpu_ours.offline_c1_ms(loaded, knobs=settings.knobs)
+    c1 = gpu_ours.offline_c1_ms(loaded, knobs=settings.knobs)
     results["ours"] = {"offline_c1_ms": c1, **settings.knobs}
     say(f"{shape}: ours, runner decode at batches {settings.batches} and TTFT {settings.prompts}")
-    results["ours"].update(bench_gpu_ours.runner_figures(loaded, settings))
+    results["ours"].update(gpu_ours.runner_figures(loaded, settings))
     if "hf" in settings.peers:
         say(f"{shape}: HF transformers")
-        results["hf"] = _guarded(bench_gpu_peers.hf_figures, ckpt, settings)
+        results["hf"] = _guarded(gpu_peers.hf_figures, ckpt, settings)
     if "llamacpp" in settings.peers:
         if settings.llama_bench:
             gguf = settings.ggufs.get(shape) or ensure_gguf(ckpt)
             say(f"{shape}: llama.cpp on {gguf}")
             results["llamacpp"] = _guarded(
-                bench_gpu_peers.llamacpp_figures, settings.llama_bench, str(gguf), settings
+                gpu_peers.llamacpp_figures, settings.llama_bench, str(gguf), settings
             )
         else:
             results["llamacpp"] = {"error": "skipped: needs --llama-bench"}
@@ -386,11 +401,11 @@ def run_bench_gpu(args) -> int:
     settings = Settings(args)
     from numba.core.errors import NumbaPerformanceWarning
 
-    from vtllm.cli import bench_gpu_peers
+    from bench import gpu_peers
 
     warnings.simplefilter("ignore", NumbaPerformanceWarning)  # low-occupancy notes on small grids
     say("card ceilings: streaming bandwidth and bf16 GEMM rate")
-    report = {"machine": bench_gpu_peers.machine(), "ceilings": bench_gpu_peers.card_ceilings()}
+    report = {"machine": gpu_peers.machine(), "ceilings": gpu_peers.card_ceilings()}
     report.update({"settings": vars(args), "shapes": {}, "rows": [], "legend": LEGEND})
     say(f"ceilings: {report['ceilings']}")
     for shape in settings.shapes:
@@ -402,7 +417,7 @@ def run_bench_gpu(args) -> int:
         _write_json(report, settings.json, final=False)
     if settings.kernels:
         say("kernel micro-benchmarks")
-        report["kernels"] = bench_gpu_peers.kernel_tools(
+        report["kernels"] = gpu_peers.kernel_tools(
             [settings.checkpoint(s) for s in settings.shapes], settings
         )
     if settings.json == "-":
@@ -433,3 +448,21 @@ def _write_json(report: dict, where: str | None, *, final: bool) -> None:
         print(text)
     else:
         Path(where).write_text(text + "\n")
+
+
+def main(argv=None) -> int:
+    """User errors (a bad flag value) print one line and exit with code 2, as vtllm's do."""
+    from vtllm.errors import VtllmError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return run_bench_gpu(args)
+    except VtllmError as exc:
+        print(f"bench.gpu: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

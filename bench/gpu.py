@@ -238,9 +238,18 @@ def shape_rows(label: str, c, results: dict, ceilings: dict, settings) -> list[d
     rows = []
 
     def row(workload, unit, ours_value, ours_gpu, peer_values, floor, basis):
-        rows.append({"shape": label, "workload": workload, "unit": unit, "ours": ours_value,
-                     "ours_gpu": ours_gpu, "peers": peer_values, "floor": floor,
-                     "floor_basis": basis})  # fmt: skip
+        rows.append(
+            {
+                "shape": label,
+                "workload": workload,
+                "unit": unit,
+                "ours": ours_value,
+                "ours_gpu": ours_gpu,
+                "peers": peer_values,
+                "floor": floor,
+                "floor_basis": basis,
+            }
+        )
 
     c1_ctx = OFFLINE_PROMPT + OFFLINE_DECODE / 2
     row(
@@ -433,9 +442,11 @@ def run_bench_gpu(args) -> int:
     d = settings.knobs
     pdl = "on" if d["cuda_pdl"] else "off"
     flash = "on" if d["cuda_flash_prefill"] else "off"
-    print(f"{LEGEND} Our KV cache: {d['kv_cache_dtype']}; matmul inputs: "
-          f"{d['matmul_input_dtype']}; programmatic launch: {pdl}; "
-          f"flash prefill: {flash}; prefill GEMM: {d['cuda_prefill_gemm']}.")  # fmt: skip
+    print(
+        f"{LEGEND} Our KV cache: {d['kv_cache_dtype']}; matmul inputs: "
+        f"{d['matmul_input_dtype']}; programmatic launch: {pdl}; "
+        f"flash prefill: {flash}; prefill GEMM: {d['cuda_prefill_gemm']}."
+    )
     print(format_table(report["rows"], settings.peers))
     return 0
 

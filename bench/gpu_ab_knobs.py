@@ -45,8 +45,14 @@ def main():
             if not args.no_c1:
                 got.setdefault("c1 ms/token", []).append(offline_c1_ms(loaded, knobs=knobs))
             headroom = len(batches) * (args.steps + 3) + 16
-            bench = Bench(loaded, max_batch=max(batches), context=args.context,
-                          longest_prompt=args.context, headroom=headroom, knobs=knobs)  # fmt: skip
+            bench = Bench(
+                loaded,
+                max_batch=max(batches),
+                context=args.context,
+                longest_prompt=args.context,
+                headroom=headroom,
+                knobs=knobs,
+            )
             try:
                 bench.prefill_all()
                 for b in batches:

@@ -38,9 +38,15 @@ TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # name: (query heads, kv heads, head dim)
 SHAPES = {"0.6B": (16, 8, 128), "8B": (32, 8, 128), "135M": (9, 3, 64)}
 CASES = [  # (shape, batch, context)
-    ("135M", 1, 512), ("0.6B", 1, 512), ("0.6B", 1, 4096), ("0.6B", 32, 512),
-    ("8B", 1, 1024), ("8B", 32, 512), ("8B", 32, 1024), ("8B", 64, 1024),
-]  # fmt: skip
+    ("135M", 1, 512),
+    ("0.6B", 1, 512),
+    ("0.6B", 1, 4096),
+    ("0.6B", 32, 512),
+    ("8B", 1, 1024),
+    ("8B", 32, 512),
+    ("8B", 32, 1024),
+    ("8B", 64, 1024),
+]
 BS = 16
 L2_FLUSH_BYTES = 256 << 20  # KV bytes cycled through per case
 
@@ -137,8 +143,7 @@ def main():
                 kcs, vcs, meta, q, d = kv
                 i = turn[0] % len(kcs)
                 turn[0] += 1
-                mod.split_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, scratch,
-                                    stream=stream)  # fmt: skip
+                mod.split_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, scratch, stream=stream)
 
             label = f"{name}@{target}" + ("" if geometry is None else f"@{geometry}")
             try:

@@ -38,11 +38,17 @@ from vtllm.kernels.cuda import linear_mma as default_module
 from vtllm.kernels.cuda import linear_rows as default_rows_module
 
 SHAPES = {  # name: (N, K)
-    "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (28672, 4096),
-    "8B down": (4096, 14336), "8B lm_head": (128256, 4096),
-    "0.6B qkv": (4096, 1024), "0.6B o": (1024, 2048), "0.6B gate_up": (6144, 1024),
-    "0.6B down": (1024, 3072), "0.6B lm_head": (151936, 1024),
-}  # fmt: skip
+    "8B qkv": (6144, 4096),
+    "8B o": (4096, 4096),
+    "8B gate_up": (28672, 4096),
+    "8B down": (4096, 14336),
+    "8B lm_head": (128256, 4096),
+    "0.6B qkv": (4096, 1024),
+    "0.6B o": (1024, 2048),
+    "0.6B gate_up": (6144, 1024),
+    "0.6B down": (1024, 3072),
+    "0.6B lm_head": (151936, 1024),
+}
 
 
 def numba_us(stream, fn, reps=20, rounds=5) -> float:
@@ -154,9 +160,11 @@ def bench_wgmma(ms, shapes, wg):
     mod, gm = default_module, default_gemm_module
     stream = cuda.stream()
     rng = np.random.default_rng(0)
-    print(f"{'shape':14s} {'M':>5s} {'wgmma us':>8s} {'TFLOP/s':>7s} {'mma us':>8s} "
-          f"{'TFLOP/s':>7s} {'torch us':>8s} {'TFLOP/s':>7s} {'wg/torch':>8s} {'bits':>8s} "
-          f"{'err':>8s}")  # fmt: skip
+    print(
+        f"{'shape':14s} {'M':>5s} {'wgmma us':>8s} {'TFLOP/s':>7s} {'mma us':>8s} "
+        f"{'TFLOP/s':>7s} {'torch us':>8s} {'TFLOP/s':>7s} {'wg/torch':>8s} {'bits':>8s} "
+        f"{'err':>8s}"
+    )
     for name in shapes:
         n, k = SHAPES[name]
         wt = (torch.randn(n, k, device="cuda") * 0.05).to(torch.bfloat16)
@@ -169,8 +177,7 @@ def bench_wgmma(ms, shapes, wg):
             ref = cuda.device_array((m, n), np.float32, stream=stream)
             xs = cuda.device_array(mod.x_scratch_words(m, k), np.uint32, stream=stream)
             mod.linear_mma(x, packed, ref, bias=bias, x_scratch=xs, stream=stream)
-            wg.gemm_wgmma(wg.round_x(x, xs, stream=stream), packed, out, bias=bias,
-                          stream=stream)  # fmt: skip
+            wg.gemm_wgmma(wg.round_x(x, xs, stream=stream), packed, out, bias=bias, stream=stream)
             stream.synchronize()
             o, r = out.copy_to_host(), ref.copy_to_host()
             bad = int(np.count_nonzero(o.view(np.uint32) != r.view(np.uint32)))
@@ -253,8 +260,10 @@ def main():
         from vtllm.kernels.cuda import gemm_wgmma
 
         wg = load_variant(args.variant) if args.variant else gemm_wgmma
-        print(f"gemm_wgmma: {wg.WARPGROUPS} warpgroups, {wg.TOKENS} tokens, "
-              f"{wg.STAGES} stages of {wg.STAGE_TILES} K tiles")  # fmt: skip
+        print(
+            f"gemm_wgmma: {wg.WARPGROUPS} warpgroups, {wg.TOKENS} tokens, "
+            f"{wg.STAGES} stages of {wg.STAGE_TILES} K tiles"
+        )
         bench_wgmma([int(m) for m in args.gemm_ms.split(",")], args.shapes.split(","), wg)
         return
     if args.gemm:

@@ -44,8 +44,7 @@ def attention_case(rng, stream, hq, hk, d, batch, ctx, kv):
     q = cuda.to_device(rng.standard_normal((batch, hq, d)).astype(np.float32))
     out = cuda.device_array((batch, hq, d), np.float32)
     scratch = make_scratch(batch, hq, d, max(ctx, 1))
-    return lambda: split_attention(q, k_cache, v_cache, *meta, d**-0.5, out, scratch,
-                                   stream=stream)  # fmt: skip
+    return lambda: split_attention(q, k_cache, v_cache, *meta, d**-0.5, out, scratch, stream=stream)
 
 
 def linear_case(rng, stream, mode, n, k, m):

@@ -22,16 +22,21 @@ BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
 
 
-def offline_c1_ms(loaded, *, knobs=None, prompt_len=16, decode_len=128,
-                  repeats=3) -> float:  # fmt: skip
+def offline_c1_ms(loaded, *, knobs=None, prompt_len=16, decode_len=128, repeats=3) -> float:
     """c1 decode ms/token through the offline API (scheduler, depth 2, graphs), as `bench
     latency` measures it: between a request's first and last token, median of repeats."""
     from vtllm.cli.bench import bench_latency
     from vtllm.llm import LLM
 
-    llm = LLM(str(loaded.path), loaded_model=loaded, device="cuda", max_num_seqs=8,
-              enable_prefix_caching=False, max_model_len=4096,
-              **(knobs or {}))  # fmt: skip
+    llm = LLM(
+        str(loaded.path),
+        loaded_model=loaded,
+        device="cuda",
+        max_num_seqs=8,
+        enable_prefix_caching=False,
+        max_model_len=4096,
+        **(knobs or {}),
+    )
     try:
         llm.warm_up()
         report = bench_latency(llm, prompt_len, decode_len, repeats)
@@ -45,8 +50,16 @@ def offline_c1_ms(loaded, *, knobs=None, prompt_len=16, decode_len=128,
 class Bench:
     """A runner with max_batch seated requests and the bookkeeping to step them."""
 
-    def __init__(self, loaded, *, max_batch: int, context: int, longest_prompt: int,
-                 headroom: int, knobs: dict):  # fmt: skip
+    def __init__(
+        self,
+        loaded,
+        *,
+        max_batch: int,
+        context: int,
+        longest_prompt: int,
+        headroom: int,
+        knobs: dict,
+    ):
         from vtllm.executor.cuda_runner import CudaModelRunner
         from vtllm.executor.kv_cache import bytes_per_block
 
@@ -56,12 +69,16 @@ class Bench:
         need = max(max_batch * self.per_slot, -(-(longest_prompt + 1) // BLOCK)) + 1
         self.max_tokens = max(longest_prompt, context)
         self.runner = CudaModelRunner(
-            loaded, block_size=BLOCK, max_num_seqs=max_batch,
+            loaded,
+            block_size=BLOCK,
+            max_num_seqs=max_batch,
             max_model_len=max(context + headroom, longest_prompt + 1),
             max_num_batched_tokens=self.max_tokens,
-            kv_cache_memory=need * bytes_per_block(c, BLOCK), kv_cache_fraction=0.0,
-            use_graphs=True, **knobs,
-        )  # fmt: skip
+            kv_cache_memory=need * bytes_per_block(c, BLOCK),
+            kv_cache_fraction=0.0,
+            use_graphs=True,
+            **knobs,
+        )
         if self.runner.num_blocks < need:  # block ids below are assigned by hand
             raise RuntimeError(f"KV cache holds {self.runner.num_blocks} blocks, need {need}")
         self.max_batch = max_batch
@@ -81,9 +98,17 @@ class Bench:
         per_step = max(1, self.max_tokens // self.context)
         for first in range(0, self.max_batch, per_step):
             slots = range(first, min(first + per_step, self.max_batch))
-            seated = [SeatedRequest(i, self._prompt(self.context), self.context, GREEDY, 0,
-                                    list(range(i * self.per_slot, (i + 1) * self.per_slot)))
-                      for i in slots]  # fmt: skip
+            seated = [
+                SeatedRequest(
+                    i,
+                    self._prompt(self.context),
+                    self.context,
+                    GREEDY,
+                    0,
+                    list(range(i * self.per_slot, (i + 1) * self.per_slot)),
+                )
+                for i in slots
+            ]
             chunks = [Chunk(i, 0, self.context, [], sample=True) for i in slots]
             self.runner.execute(self._plan(seated, chunks))
         self.pos[:] = self.context  # the sampled token sits at index context
@@ -118,8 +143,9 @@ class Bench:
         before, self.runner.use_graphs = self.runner.use_graphs, graphs
         times = []
         for i in range(repeats + 1):
-            seat = SeatedRequest(0, self._prompt(n), n, GREEDY, 0,
-                                 list(range(-(-(n + 1) // BLOCK))))  # fmt: skip
+            seat = SeatedRequest(
+                0, self._prompt(n), n, GREEDY, 0, list(range(-(-(n + 1) // BLOCK)))
+            )
             plan = self._plan([seat], [Chunk(0, 0, n, [], sample=True)], range(self.max_batch))
             started = time.perf_counter()
             self.runner.execute(plan)
@@ -157,9 +183,14 @@ def runner_figures(loaded, settings) -> dict:
     as strings (JSON)."""
     # slot 0 steps in every batch size: warm-ups and timed steps, plus one block of slack
     headroom = len(settings.batches) * (settings.steps + 3) + BLOCK
-    bench = Bench(loaded, max_batch=max(settings.batches), context=settings.context,
-                  longest_prompt=max(settings.prompts), headroom=headroom,
-                  knobs=settings.knobs)  # fmt: skip
+    bench = Bench(
+        loaded,
+        max_batch=max(settings.batches),
+        context=settings.context,
+        longest_prompt=max(settings.prompts),
+        headroom=headroom,
+        knobs=settings.knobs,
+    )
     try:
         bench.prefill_all()
         decode = {str(b): bench.decode(b, settings.steps) for b in sorted(settings.batches)}

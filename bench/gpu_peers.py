@@ -160,15 +160,39 @@ def llamacpp_figures(llama_bench: str, gguf: str, settings) -> dict:
     if it sits beside it, llama-batched-bench (generation at each batch size after a
     context-token prompt). All layers on the GPU (-ngl 99), llama.cpp's other defaults."""
     bench = Path(llama_bench)
-    cmd = [str(bench), "-m", gguf, "-ngl", "99", "-o", "json",
-           "-p", ",".join(map(str, settings.prompts)), "-n", str(LLAMA_GEN)]  # fmt: skip
+    cmd = [
+        str(bench),
+        "-m",
+        gguf,
+        "-ngl",
+        "99",
+        "-o",
+        "json",
+        "-p",
+        ",".join(map(str, settings.prompts)),
+        "-n",
+        str(LLAMA_GEN),
+    ]
     out = parse_llama_bench(_run(cmd))
     batched = bench.with_name("llama-batched-bench")
     if batched.exists():
         npl = ",".join(map(str, sorted(settings.batches)))
         ctx = max(settings.batches) * (settings.context + LLAMA_GEN) + 256
-        cmd = [str(batched), "-m", gguf, "-ngl", "99", "-c", str(ctx),
-               "-npp", str(settings.context), "-ntg", str(LLAMA_GEN), "-npl", npl]  # fmt: skip
+        cmd = [
+            str(batched),
+            "-m",
+            gguf,
+            "-ngl",
+            "99",
+            "-c",
+            str(ctx),
+            "-npp",
+            str(settings.context),
+            "-ntg",
+            str(LLAMA_GEN),
+            "-npl",
+            npl,
+        ]
         out["decode"] = parse_batched_bench(_run(cmd))
     else:
         out["decode_error"] = f"{batched} not found"
@@ -238,9 +262,14 @@ def kernel_tools(checkpoints: list[Path], settings) -> dict:
     for ckpt in checkpoints:
         for batch in (1, 32):
             runs[f"decode profile {ckpt.name} batch {batch}"] = [
-                *py, "bench.gpu_profile_decode", ckpt, "--batch", str(batch),
-                "--context", str(settings.context),
-            ]  # fmt: skip
+                *py,
+                "bench.gpu_profile_decode",
+                ckpt,
+                "--batch",
+                str(batch),
+                "--context",
+                str(settings.context),
+            ]
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
@@ -248,8 +277,14 @@ def kernel_tools(checkpoints: list[Path], settings) -> dict:
     for name, cmd in runs.items():
         started = time.perf_counter()
         try:
-            done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
-                                  timeout=1200, cwd=ROOT, env=env)  # fmt: skip
+            done = subprocess.run(
+                [str(c) for c in cmd],
+                capture_output=True,
+                text=True,
+                timeout=1200,
+                cwd=ROOT,
+                env=env,
+            )
             text = done.stdout if done.returncode == 0 else done.stdout + done.stderr[-2000:]
             text += f"(exit {done.returncode}, {time.perf_counter() - started:.0f}s)"
         except subprocess.TimeoutExpired:

@@ -17,8 +17,14 @@ def main():
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     for graphs in (True, False):
-        llm = LLM(model, device="cuda", enable_prefix_caching=False, max_num_seqs=64,
-                  max_num_batched_tokens=tokens, cuda_graphs=graphs)  # fmt: skip
+        llm = LLM(
+            model,
+            device="cuda",
+            enable_prefix_caching=False,
+            max_num_seqs=64,
+            max_num_batched_tokens=tokens,
+            cuda_graphs=graphs,
+        )
         llm.warm_up()
         for n in (1, 2, 4, 8, 16, 32):
             prompts = [rng.integers(100, 1000, tokens // n).tolist() for _ in range(n)]

@@ -72,32 +72,62 @@ def main():
         default=0,
         help="cProfile N launch() calls and print where the host's time goes",
     )
-    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
-                   help="KV cache and matmul inputs (bfloat16: the default on cuda)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("float32", "bfloat16"),
+        help="KV cache and matmul inputs (bfloat16: the default on cuda)",
+    )
     args = p.parse_args()
     if args.prefill:
         args.batch, args.context = args.seqs, args.prefill // args.seqs
     loaded = load_model(args.model)
     c = loaded.config
     B, ctx = args.batch, args.context
-    runner = CudaModelRunner(loaded, block_size=16, max_num_seqs=max(8, B + 1), max_model_len=4096,
-                             max_num_batched_tokens=max(2048, B * ctx), kv_cache_memory=4 << 30,
-                             kv_cache_fraction=0.0, use_graphs=True, kv_cache_dtype=args.dtype,
-                             matmul_input_dtype=args.dtype,
-                             split_attention_rows=args.split_rows)  # fmt: skip
+    runner = CudaModelRunner(
+        loaded,
+        block_size=16,
+        max_num_seqs=max(8, B + 1),
+        max_model_len=4096,
+        max_num_batched_tokens=max(2048, B * ctx),
+        kv_cache_memory=4 << 30,
+        kv_cache_fraction=0.0,
+        use_graphs=True,
+        kv_cache_dtype=args.dtype,
+        matmul_input_dtype=args.dtype,
+        split_attention_rows=args.split_rows,
+    )
     # B requests with ctx tokens each, prefilled, then decode steps
     per = -(-(ctx + 200) // 16)
-    plan = StepPlan(0, [SeatedRequest(i, list(range(3, 3 + ctx)), ctx,
-                                      SamplingParams(temperature=0.0), 0,
-                                      list(range(i * per, (i + 1) * per))) for i in range(B)],
-                    [Chunk(i, 0, ctx, [], sample=True) for i in range(B)], [])  # fmt: skip
+    plan = StepPlan(
+        0,
+        [
+            SeatedRequest(
+                i,
+                list(range(3, 3 + ctx)),
+                ctx,
+                SamplingParams(temperature=0.0),
+                0,
+                list(range(i * per, (i + 1) * per)),
+            )
+            for i in range(B)
+        ],
+        [Chunk(i, 0, ctx, [], sample=True) for i in range(B)],
+        [],
+    )
     runner.execute(plan)
     if args.prefill:
         return profile_prefill(runner, plan)
     step = [1]
     P = args.mixed  # a prompt in slot B, seated again every step
-    newcomer = SeatedRequest(B, list(range(5, 5 + P)), P, SamplingParams(temperature=0.0), 0,
-                             list(range(B * per, B * per + -(-P // 16))))  # fmt: skip
+    newcomer = SeatedRequest(
+        B,
+        list(range(5, 5 + P)),
+        P,
+        SamplingParams(temperature=0.0),
+        0,
+        list(range(B * per, B * per + -(-P // 16))),
+    )
 
     def decode_plan():
         n = ctx + step[0]
@@ -134,8 +164,10 @@ def main():
     graph = runner.graphs[bucket]
     s = runner.stream
     whole = gpu_us(s, graph.replay, reps=10, capture=False)
-    print(f"model {c.num_layers} layers hidden {c.hidden_size} vocab {c.vocab_size}; batch {B} "
-          f"context {ctx}, prefill {P}; graph nodes {graph.num_nodes}")  # fmt: skip
+    print(
+        f"model {c.num_layers} layers hidden {c.hidden_size} vocab {c.vocab_size}; batch {B} "
+        f"context {ctx}, prefill {P}; graph nodes {graph.num_nodes}"
+    )
     print(f"decode step graph (GPU): {whole:8.1f} us")
     print(f"host launch() median:    {1e6 * statistics.median(host):8.1f} us")
     print(f"synchronous step:        {1e6 * sync_step:8.1f} us")

@@ -66,12 +66,32 @@ def children_cpu_s() -> float:
 
 def bench(url: str, args, seed: int) -> float:
     cmd = [
-        sys.executable, os.path.join(ROOT, "loadtest", "bench_serve.py"), "--base-url", url,
-        "--endpoint", "completions", "--input-len", "128", "--output-len", "64",
-        "--ignore-eos", "--temperature", "0", "--token-count", "usage", "--token-range",
-        "3:500", "--num-prompts", str(args.prompts), "--warmup", "0",
-        "--max-concurrency", str(args.concurrency), "--seed", str(seed),
-    ]  # fmt: skip
+        sys.executable,
+        os.path.join(ROOT, "loadtest", "bench_serve.py"),
+        "--base-url",
+        url,
+        "--endpoint",
+        "completions",
+        "--input-len",
+        "128",
+        "--output-len",
+        "64",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--token-count",
+        "usage",
+        "--token-range",
+        "3:500",
+        "--num-prompts",
+        str(args.prompts),
+        "--warmup",
+        "0",
+        "--max-concurrency",
+        str(args.concurrency),
+        "--seed",
+        str(seed),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"bench_serve failed ({run.returncode}): {run.stderr.strip()[-400:]}")
@@ -93,10 +113,20 @@ def main() -> None:
         synth = [sys.executable, "-m", "vtllm", "synth", "--shape", "tiny", "--out", model]
         subprocess.run(synth, check=True, capture_output=True)
         serve = [
-            sys.executable, "-m", "vtllm", "serve", "--model", model, "--port",
-            str(args.port), "--max-num-seqs", str(args.concurrency), "--cpu-threads", "1",
+            sys.executable,
+            "-m",
+            "vtllm",
+            "serve",
+            "--model",
+            model,
+            "--port",
+            str(args.port),
+            "--max-num-seqs",
+            str(args.concurrency),
+            "--cpu-threads",
+            "1",
             *args.serve_args,
-        ]  # fmt: skip
+        ]
         proc = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_healthy(url, proc)
@@ -111,8 +141,10 @@ def main() -> None:
                 main_s = after[proc.pid] - before.get(proc.pid, 0.0)
                 rest_s = sum(s - before.get(t, 0.0) for t, s in after.items()) - main_s
                 mains.append(main_s / tokens * 1e6)
-                print(f"{run:3d}  {rate:10.0f}  {mains[-1]:20.1f}  {rest_s / tokens * 1e6:22.1f}"
-                      f"  {client_s / tokens * 1e6:15.1f}")  # fmt: skip
+                print(
+                    f"{run:3d}  {rate:10.0f}  {mains[-1]:20.1f}  {rest_s / tokens * 1e6:22.1f}"
+                    f"  {client_s / tokens * 1e6:15.1f}"
+                )
             print(f"median main thread: {statistics.median(mains):.1f} us/token")
         finally:
             proc.terminate()

@@ -28,8 +28,11 @@ STEP_SECONDS = float(sys.argv.pop(1))
 def execute(self, plan):
     self._apply(plan)  # the slot bookkeeping a real step does
     time.sleep(STEP_SECONDS)
-    sampled = [SampledToken(c.slot, 1000 + (plan.step_id + c.slot) % 300, None)
-               for c in plan.chunks if c.sample]  # fmt: skip
+    sampled = [
+        SampledToken(c.slot, 1000 + (plan.step_id + c.slot) % 300, None)
+        for c in plan.chunks
+        if c.sample
+    ]
     return StepResult(plan.step_id, sampled)
 
 

@@ -79,8 +79,10 @@ def loops(sass: str) -> str:
         counts = [f"{op} {ops.count(op)}" for op in kinds if op in ops]
         if local := ops.count("LDL") + ops.count("STL"):
             counts.append(f"local {local}")
-        lines.append(f"loop {body[0][0]:#x}-{body[-1][0]:#x}: {len(ops)} instructions"
-                     + "".join(f", {c}" for c in counts))  # fmt: skip
+        lines.append(
+            f"loop {body[0][0]:#x}-{body[-1][0]:#x}: {len(ops)} instructions"
+            + "".join(f", {c}" for c in counts)
+        )
     return "\n".join(lines) or "no loops"
 
 
@@ -106,22 +108,29 @@ def mma_loop(sass: str) -> str:
     blocks += [block] if block else []
     common = [b for b in blocks if "STS" not in b and b.count("CS2R") < 16 and b.count("IMAD") < 48]
     ops = [op for b in common for op in b]
-    return (f"mma loop: {len(loop)} instructions; common path {len(ops)}, "
-            f"{ops.count('HMMA')} HMMA, {ops.count('LDL') + ops.count('STL')} local")  # fmt: skip
+    return (
+        f"mma loop: {len(loop)} instructions; common path {len(ops)}, "
+        f"{ops.count('HMMA')} HMMA, {ops.count('LDL') + ops.count('STL')} local"
+    )
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("module", help="path of the kernel's module")
-    p.add_argument("kernel", help="the @cuda.jit kernel's name in it, or an expression of its "
-                   "names (_KERNELS[True])")  # fmt: skip
+    p.add_argument(
+        "kernel",
+        help="the @cuda.jit kernel's name in it, or an expression of its names (_KERNELS[True])",
+    )
     p.add_argument("signature", help="numba signature of its arguments")
     p.add_argument("--max-registers", type=int)
     p.add_argument("--sass", help="write the disassembly here")
     p.add_argument("--mma-loop", action="store_true", help="count the main loop's instructions")
     p.add_argument("--loops", action="store_true", help="list the loops and what is in them")
-    p.add_argument("--sm90a", action="store_true", help="compile for sm_90a (what numba does "
-                   "on an H100 / H200: wgmma kernels need it)")  # fmt: skip
+    p.add_argument(
+        "--sm90a",
+        action="store_true",
+        help="compile for sm_90a (what numba does on an H100 / H200: wgmma kernels need it)",
+    )
     args = p.parse_args()
     spec = importlib.util.spec_from_file_location("kernel_module", args.module)
     module = importlib.util.module_from_spec(spec)
@@ -147,8 +156,9 @@ def main():
         )
         if done.returncode:
             sys.exit(done.stderr)
-        sass = subprocess.run(["cuobjdump", "-sass", f"{tmp}/k.cubin"], capture_output=True,
-                              text=True, check=True).stdout  # fmt: skip
+        sass = subprocess.run(
+            ["cuobjdump", "-sass", f"{tmp}/k.cubin"], capture_output=True, text=True, check=True
+        ).stdout
         n = len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[^;]*;", sass))
         print(f"SASS: {n} instructions ({16 * n / 1024:.0f} KiB of code)")
         if args.sass:

@@ -48,9 +48,6 @@ def _build_parser() -> argparse.ArgumentParser:
     thr.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     thr.add_argument("--json", action="store_true")
 
-    kern = bench_sub.add_parser("kernels", help="CPU linear kernel GMAC/s at the model's shapes")
-    kern.add_argument("--json", action="store_true")
-
     syn = sub.add_parser("synth", help="write an HF-format checkpoint with random weights")
     syn.add_argument("--shape", required=True, choices=sorted(SHAPES))
     syn.add_argument("--out", required=True, help="directory to write")

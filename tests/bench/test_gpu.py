@@ -15,9 +15,18 @@ from vtllm.models.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 # Llama-3.1-8B: the shape whose floors the GPU speed issue quotes (4.3 TB/s, 1k context)
-LLAMA_8B = ModelConfig(architecture="llama", hidden_size=4096, num_layers=32, num_heads=32,
-                       num_kv_heads=8, head_dim=128, intermediate_size=14336, vocab_size=128256,
-                       rms_norm_eps=1e-5, rope_theta=5e5)  # fmt: skip
+LLAMA_8B = ModelConfig(
+    architecture="llama",
+    hidden_size=4096,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    intermediate_size=14336,
+    vocab_size=128256,
+    rms_norm_eps=1e-5,
+    rope_theta=5e5,
+)
 
 
 def _settings(*argv) -> Settings:
@@ -33,8 +42,21 @@ def test_defaults_and_flags_parse():
     assert _settings("--flash-prefill").knobs["cuda_flash_prefill"]
     assert s.knobs["cuda_prefill_gemm"] == "mma"
     assert _settings("--prefill-gemm", "wgmma").knobs["cuda_prefill_gemm"] == "wgmma"
-    s = _settings("--shapes", "llama3-8b", "--layers", "4", "--gguf", "/m.gguf", "--peers",
-                  "none", "--batches", "1,32", "--json", "--work", "/w")  # fmt: skip
+    s = _settings(
+        "--shapes",
+        "llama3-8b",
+        "--layers",
+        "4",
+        "--gguf",
+        "/m.gguf",
+        "--peers",
+        "none",
+        "--batches",
+        "1,32",
+        "--json",
+        "--work",
+        "/w",
+    )
     assert s.ggufs == {"llama3-8b": "/m.gguf"} and s.peers == [] and s.batches == [1, 32]
     assert s.json == "-" and s.checkpoint("llama3-8b") == Path("/w/llama3-8b-4L")
     s = _settings("--gguf", "qwen3-0.6b=/q.gguf", "--gguf", "llama3-8b=/l.gguf", "--json", "o")
@@ -128,9 +150,19 @@ def test_table_has_a_column_per_peer_and_dashes_for_gaps():
     rows = bench_gpu.shape_rows("llama3-8b", LLAMA_8B, _results(), ceilings, s)
     lines = bench_gpu.format_table(rows, s.peers).splitlines()
     head = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert head == ["shape", "workload", "unit", "ours", "ours GPU", "HF transformers",
-                    "llama.cpp", "floor", "ours/floor", "ours/HF transformers",
-                    "ours/llama.cpp"]  # fmt: skip
+    assert head == [
+        "shape",
+        "workload",
+        "unit",
+        "ours",
+        "ours GPU",
+        "HF transformers",
+        "llama.cpp",
+        "floor",
+        "ours/floor",
+        "ours/HF transformers",
+        "ours/llama.cpp",
+    ]
     assert len(lines) == 2 + len(rows)
     b32 = [c.strip() for c in lines[4].strip("|").split("|")]
     assert b32[:5] == ["llama3-8b", "decode batch 32, ~1024 ctx", "tok/s", "2,000", "4,000"]

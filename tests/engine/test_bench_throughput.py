@@ -7,8 +7,14 @@ from vtllm.models.synthetic import write_checkpoint
 
 def test_bench_engines_keep_the_given_settings(tmp_path, monkeypatch):
     path = write_checkpoint(tmp_path / "m", "tiny", seed=2)
-    llm = LLM(str(path), max_model_len=64, kv_cache_memory=1 << 20, block_size=4,
-              kv_cache_dtype="float32", async_depth=1)  # fmt: skip
+    llm = LLM(
+        str(path),
+        max_model_len=64,
+        kv_cache_memory=1 << 20,
+        block_size=4,
+        kv_cache_dtype="float32",
+        async_depth=1,
+    )
     built = []
 
     class Recorded(LLM):
@@ -17,8 +23,9 @@ def test_bench_engines_keep_the_given_settings(tmp_path, monkeypatch):
             built.append(self.config)
 
     monkeypatch.setattr(throughput, "LLM", Recorded)
-    report = throughput.bench_throughput(llm, num_prompts=3, input_len=5, output_len=2,
-                                         concurrency=[2])  # fmt: skip
+    report = throughput.bench_throughput(
+        llm, num_prompts=3, input_len=5, output_len=2, concurrency=[2]
+    )
     assert [c.async_depth for c in built] == [1, 2]
     for config in built:
         assert (config.max_num_seqs, config.enable_prefix_caching) == (2, False)

@@ -22,9 +22,20 @@ def tiny(tmp_path_factory):
     return load_model(write_checkpoint(tmp_path_factory.mktemp("law"), "tiny", seed=7))
 
 
-def _run(loaded, work, *, device: str, depth: int, graphs: bool = True, kv: str = "float32",
-         pdl: bool = True, matmul: str = "float32", split_rows: int = 0,
-         flash: bool = False, gemm: str = "mma"):  # fmt: skip
+def _run(
+    loaded,
+    work,
+    *,
+    device: str,
+    depth: int,
+    graphs: bool = True,
+    kv: str = "float32",
+    pdl: bool = True,
+    matmul: str = "float32",
+    split_rows: int = 0,
+    flash: bool = False,
+    gemm: str = "mma",
+):
     """kv: the KV cache dtype; the budget holds the same number of blocks at either width.
     pdl: the graphs' kernel edges programmatic (VT_CUDA_PDL). matmul: the matmul input dtype
     (float32 here, the cuda default being bfloat16, so the CPU comparisons hold to float32).
@@ -95,8 +106,9 @@ def test_flash_prefill_in_graphs_gives_the_eager_tokens(tiny, workload, monkeypa
     from vtllm.kernels.cuda import attention_flash
 
     launched, launch = [], attention_flash.flash_prefill
-    monkeypatch.setattr(attention_flash, "flash_prefill",
-                        lambda *a, **k: (launched.append(1), launch(*a, **k)))  # fmt: skip
+    monkeypatch.setattr(
+        attention_flash, "flash_prefill", lambda *a, **k: (launched.append(1), launch(*a, **k))
+    )
     kw = {"device": "cuda", "depth": 1, "kv": "bfloat16", "split_rows": 16, "flash": True}
     eager, _ = _run(tiny, workload, graphs=False, **kw)
     assert launched
@@ -134,8 +146,9 @@ def test_greedy_matches_cpu_on_peaked_checkpoints(tmp_path, shape):
     work = []
     for i in range(12):
         prompt = rng.integers(3, loaded.config.vocab_size, int(rng.integers(1, 40))).tolist()
-        work.append((f"g{i}", prompt, SamplingParams(max_tokens=32, temperature=0.0,
-                                                     ignore_eos=True), None))  # fmt: skip
+        work.append(
+            (f"g{i}", prompt, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True), None)
+        )
     cpu, _ = _run(loaded, work, device="cpu", depth=1)
     gpu, _ = _run(loaded, work, device="cuda", depth=2)
     _assert_same(work, cpu, gpu)
@@ -146,9 +159,16 @@ def _gpu_vs_cpu(loaded, ids):
     from vtllm.executor.cuda_runner import CudaModelRunner
 
     cpu = teacher_forced_logits(make_runner(loaded), ids, [len(ids)])
-    runner = CudaModelRunner(loaded, block_size=4, max_num_seqs=4, max_model_len=256,
-                             max_num_batched_tokens=256, kv_cache_memory=64 << 20,
-                             kv_cache_fraction=0.0, use_graphs=False)  # fmt: skip
+    runner = CudaModelRunner(
+        loaded,
+        block_size=4,
+        max_num_seqs=4,
+        max_model_len=256,
+        max_num_batched_tokens=256,
+        kv_cache_memory=64 << 20,
+        kv_cache_fraction=0.0,
+        use_graphs=False,
+    )
     gpu = teacher_forced_logits(runner, ids, [5, len(ids) - 5])
     scale = np.abs(cpu).max(axis=1, keepdims=True)
     rel = np.abs(gpu - cpu).max(axis=1, keepdims=True) / scale
@@ -192,13 +212,20 @@ def test_logprobs_and_prompt_logprobs_match_cpu(tmp_path):
     from vtllm.llm import LLM
 
     directory = write_checkpoint(tmp_path / "m", "tiny-qwen3", seed=6, peaked=True, bf16=True)
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3,
-                            prompt_logprobs=2)  # fmt: skip
+    params = SamplingParams(
+        max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3, prompt_logprobs=2
+    )
     prompt = list(range(10, 30))
     outs = {}
     for device in ("cpu", "cuda"):
-        llm = LLM(str(directory), device=device, kv_cache_memory=1 << 22, max_model_len=128,
-                  kv_cache_dtype="float32", matmul_input_dtype="float32")  # fmt: skip
+        llm = LLM(
+            str(directory),
+            device=device,
+            kv_cache_memory=1 << 22,
+            max_model_len=128,
+            kv_cache_dtype="float32",
+            matmul_input_dtype="float32",
+        )
         try:
             outs[device] = llm.generate([prompt], params)[0]
         finally:
@@ -230,9 +257,16 @@ def test_folded_norms_give_the_bits_of_the_unfolded_step(tmp_path, monkeypatch, 
     chunks = [30, 1, 1, cuda_model.FOLD_TOKENS, 20 - 2 - cuda_model.FOLD_TOKENS]
 
     def logits():
-        runner = CudaModelRunner(loaded, block_size=4, max_num_seqs=4, max_model_len=256,
-                                 max_num_batched_tokens=256, kv_cache_memory=64 << 20,
-                                 kv_cache_fraction=0.0, use_graphs=False)  # fmt: skip
+        runner = CudaModelRunner(
+            loaded,
+            block_size=4,
+            max_num_seqs=4,
+            max_model_len=256,
+            max_num_batched_tokens=256,
+            kv_cache_memory=64 << 20,
+            kv_cache_fraction=0.0,
+            use_graphs=False,
+        )
         assert runner.model.foldable
         assert runner.model.rope_fusable == (loaded.config.head_dim == 32)
         return teacher_forced_logits(runner, ids, chunks)
@@ -255,11 +289,14 @@ def test_auto_dtypes_run_bf16_on_cuda(tmp_path):
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
     prompt = list(range(10, 40))
     outs = {}
-    for name, dtypes in (("auto", {}), ("bf16", {"kv_cache_dtype": "bfloat16",
-                         "matmul_input_dtype": "bfloat16"}), ("f32", {"kv_cache_dtype": "float32",
-                         "matmul_input_dtype": "float32"})):  # fmt: skip
-        llm = LLM(str(directory), device="cuda", kv_cache_memory=1 << 22, max_model_len=128,
-                  **dtypes)  # fmt: skip
+    for name, dtypes in (
+        ("auto", {}),
+        ("bf16", {"kv_cache_dtype": "bfloat16", "matmul_input_dtype": "bfloat16"}),
+        ("f32", {"kv_cache_dtype": "float32", "matmul_input_dtype": "float32"}),
+    ):
+        llm = LLM(
+            str(directory), device="cuda", kv_cache_memory=1 << 22, max_model_len=128, **dtypes
+        )
         try:
             out = llm.generate([prompt], params)[0].outputs[0]
         finally:
@@ -279,17 +316,26 @@ def test_wgmma_gives_the_mma_logits(tmp_path, monkeypatch):
     if not WGMMA:
         pytest.skip("wgmma needs an sm_90 GPU (H100, H200)")
     launched, launch = [], cuda_model.gemm_wgmma
-    monkeypatch.setattr(cuda_model, "gemm_wgmma",
-                        lambda *a, **k: (launched.append(1), launch(*a, **k)))  # fmt: skip
+    monkeypatch.setattr(
+        cuda_model, "gemm_wgmma", lambda *a, **k: (launched.append(1), launch(*a, **k))
+    )
     loaded = load_model(write_checkpoint(tmp_path / "q", "qwen3-0.6b", seed=5, bf16=True))
     ids = np.random.default_rng(4).integers(3, loaded.config.vocab_size, 600).tolist()
     logits = {}
     for gemm in ("mma", "wgmma"):
-        runner = CudaModelRunner(loaded, block_size=16, max_num_seqs=2, max_model_len=1024,
-                                 max_num_batched_tokens=512, kv_cache_memory=256 << 20,
-                                 kv_cache_fraction=0.0, use_graphs=False,
-                                 kv_cache_dtype="bfloat16", matmul_input_dtype="bfloat16",
-                                 cuda_prefill_gemm=gemm)  # fmt: skip
+        runner = CudaModelRunner(
+            loaded,
+            block_size=16,
+            max_num_seqs=2,
+            max_model_len=1024,
+            max_num_batched_tokens=512,
+            kv_cache_memory=256 << 20,
+            kv_cache_fraction=0.0,
+            use_graphs=False,
+            kv_cache_dtype="bfloat16",
+            matmul_input_dtype="bfloat16",
+            cuda_prefill_gemm=gemm,
+        )
         logits[gemm] = teacher_forced_logits(runner, ids, [512, 88])
         del runner
     assert launched

@@ -36,19 +36,32 @@ def _runner(loaded, kv_cache_dtype="float32", matmul_input_dtype="float32", flas
     """flash: prompt rows past the 4 that take the decode kernels attend on tensor cores."""
     from vtllm.executor.cuda_runner import CudaModelRunner
 
-    return CudaModelRunner(loaded, block_size=16, max_num_seqs=4, max_model_len=512,
-                           max_num_batched_tokens=512, kv_cache_memory=256 << 20,
-                           kv_cache_fraction=0.0, use_graphs=False,
-                           kv_cache_dtype=kv_cache_dtype,
-                           matmul_input_dtype=matmul_input_dtype,
-                           split_attention_rows=4 if flash else 0,
-                           cuda_flash_prefill=flash)  # fmt: skip
+    return CudaModelRunner(
+        loaded,
+        block_size=16,
+        max_num_seqs=4,
+        max_model_len=512,
+        max_num_batched_tokens=512,
+        kv_cache_memory=256 << 20,
+        kv_cache_fraction=0.0,
+        use_graphs=False,
+        kv_cache_dtype=kv_cache_dtype,
+        matmul_input_dtype=matmul_input_dtype,
+        split_attention_rows=4 if flash else 0,
+        cuda_flash_prefill=flash,
+    )
 
 
-@pytest.mark.parametrize(("kv", "matmul", "flash"), [
-    ("float32", "float32", False), ("bfloat16", "float32", False),
-    ("float32", "bfloat16", False), ("bfloat16", "bfloat16", True),
-], ids=["f32", "bf16-kv", "bf16-inputs", "flash"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kv", "matmul", "flash"),
+    [
+        ("float32", "float32", False),
+        ("bfloat16", "float32", False),
+        ("float32", "bfloat16", False),
+        ("bfloat16", "bfloat16", True),
+    ],
+    ids=["f32", "bf16-kv", "bf16-inputs", "flash"],
+)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_teacher_forced_logits(tmp_path, monkeypatch, shape, kv, matmul, flash):
     """Either KV cache dtype and either matmul input dtype: bf16 K/V (as HF's bf16 model keeps
@@ -58,8 +71,9 @@ def test_teacher_forced_logits(tmp_path, monkeypatch, shape, kv, matmul, flash):
     from vtllm.kernels.cuda import attention_flash
 
     launched, launch = [], attention_flash.flash_prefill
-    monkeypatch.setattr(attention_flash, "flash_prefill",
-                        lambda *a, **k: (launched.append(1), launch(*a, **k)))  # fmt: skip
+    monkeypatch.setattr(
+        attention_flash, "flash_prefill", lambda *a, **k: (launched.append(1), launch(*a, **k))
+    )
     directory = write_checkpoint(tmp_path / shape, shape, seed=3, bf16=True)
     loaded = load_model(directory)
     ids = np.random.default_rng(2).integers(3, loaded.config.vocab_size, 96).tolist()
@@ -106,12 +120,19 @@ def test_peaked_greedy_128_tokens_token_exact(tmp_path, shape):
     directory = write_checkpoint(tmp_path / shape, shape, seed=4, bf16=True, peaked=True)
     prompt = np.random.default_rng(5).integers(3, 500, 12).tolist()
     ref = _hf_greedy(_hf(directory, torch.float32), prompt, 128)
-    llm = LLM(str(directory), device="cuda", max_num_seqs=4, kv_cache_memory=256 << 20,
-              max_model_len=512, kv_cache_dtype="float32",
-              matmul_input_dtype="float32")  # fmt: skip
+    llm = LLM(
+        str(directory),
+        device="cuda",
+        max_num_seqs=4,
+        kv_cache_memory=256 << 20,
+        max_model_len=512,
+        kv_cache_dtype="float32",
+        matmul_input_dtype="float32",
+    )
     try:
-        got = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=128,
-                                                    ignore_eos=True))[0]  # fmt: skip
+        got = llm.generate(
+            [prompt], SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+        )[0]
     finally:
         llm.close()
     ours = got.outputs[0].token_ids

@@ -25,8 +25,16 @@ def tables(rng, rows, width=6):
 
 def attend(q, kc, vc, bt, seq_lens, qsl, scale):
     out = np.full_like(q, np.nan)
-    paged_attention(q, kc, vc, np.asarray(bt, np.int32), np.asarray(seq_lens, np.int32),
-                    np.asarray(qsl, np.int32), scale, out)  # fmt: skip
+    paged_attention(
+        q,
+        kc,
+        vc,
+        np.asarray(bt, np.int32),
+        np.asarray(seq_lens, np.int32),
+        np.asarray(qsl, np.int32),
+        scale,
+        out,
+    )
     return out
 
 
@@ -83,8 +91,15 @@ def test_chunking_is_bitwise_neutral(rng, threads):
                     alone = attend(q[lo:hi], kc, vc, bt[:1], [hi], [0, hi - lo], 0.125)
                     assert np.array_equal(alone, whole[lo:hi]), (step, lo)
                     # the same chunk behind a neighbour's rows in one batch
-                    both = attend(np.concatenate([other, q[lo:hi]]), kc, vc, bt[::-1].copy(),
-                                  [24, hi], [0, 5, 5 + hi - lo], 0.125)  # fmt: skip
+                    both = attend(
+                        np.concatenate([other, q[lo:hi]]),
+                        kc,
+                        vc,
+                        bt[::-1].copy(),
+                        [24, hi],
+                        [0, 5, 5 + hi - lo],
+                        0.125,
+                    )
                     assert np.array_equal(both[5:], whole[lo:hi]), (step, lo)
 
 

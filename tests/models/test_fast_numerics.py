@@ -116,8 +116,11 @@ def test_fused_layers_are_the_generic_loop_to_the_bit(default_model, goldens):
 def test_decoder_layer_refuses_mismatched_weights(default_model):
     """A layer's matrices that do not fit the buffers raise instead of reading out of bounds."""
     cfg, layer = default_model.config, default_model.weights.layers[0]
-    fw = list(ModelRunner(default_model, fast, allocate_kv_cache(cfg, 4, 16), max_num_seqs=1,
-                          max_model_len=64).model.fused[0])  # fmt: skip
+    fw = list(
+        ModelRunner(
+            default_model, fast, allocate_kv_cache(cfg, 4, 16), max_num_seqs=1, max_model_len=64
+        ).model.fused[0]
+    )
     fw[4] = np.ascontiguousarray(layer.o.data[:-4])  # o projection 4 rows short
     kv = allocate_kv_cache(cfg, 4, 16)
     t, d = 1, cfg.head_dim
@@ -127,9 +130,21 @@ def test_decoder_layer_refuses_mismatched_weights(default_model):
     bufs = tuple(np.zeros(shape, np.float32) for shape in shapes)
     i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
     with pytest.raises(ValueError, match="do not match"):
-        fast.decoder_layer(True, bufs, tuple(fw), 1e-5, kv.k[0], kv.v[0], i32(0),
-                           np.zeros((64, d), np.float32), i32(0), i32([0]), i32(1), i32(0, 1),
-                           0.125)  # fmt: skip
+        fast.decoder_layer(
+            True,
+            bufs,
+            tuple(fw),
+            1e-5,
+            kv.k[0],
+            kv.v[0],
+            i32(0),
+            np.zeros((64, d), np.float32),
+            i32(0),
+            i32([0]),
+            i32(1),
+            i32(0, 1),
+            0.125,
+        )
 
 
 def test_numerics_knob_checked():

@@ -64,9 +64,13 @@ class FakeExecutor:
             assert 0 <= seat.slot < cfg.max_num_seqs
             tokens = list(seat.token_ids)
             self.slots[seat.slot] = _Slot(
-                seat.seed, seat.prompt_len, seat.sampling, tokens, _rolling(tokens),
+                seat.seed,
+                seat.prompt_len,
+                seat.sampling,
+                tokens,
+                _rolling(tokens),
                 list(seat.block_ids),
-            )  # fmt: skip
+            )
         assert sum(c.num_tokens for c in plan.chunks) <= cfg.max_num_batched_tokens, "budget"
         assert len({c.slot for c in plan.chunks}) == len(plan.chunks), "two chunks, one slot"
         sampled, prompt_logprobs = [], {}
@@ -232,9 +236,12 @@ def run(
 def benchmark(num_requests: int = 64, num_steps: int = 2000, depth: int = 2) -> float:
     """Microseconds of schedule() + update() per decode step with num_requests running."""
     cfg = SchedulerConfig(
-        max_num_seqs=num_requests, max_num_batched_tokens=8192, max_model_len=8192,
-        num_blocks=num_requests * 160 + 1, eos_token_ids=(EOS,),
-    )  # fmt: skip
+        max_num_seqs=num_requests,
+        max_num_batched_tokens=8192,
+        max_model_len=8192,
+        num_blocks=num_requests * 160 + 1,
+        eos_token_ids=(EOS,),
+    )
     sched = Scheduler(cfg)
     sampling = SamplingParams(max_tokens=num_steps + 100, ignore_eos=True)
     for i in range(num_requests):

@@ -212,8 +212,14 @@ def test_eviction_order_past_the_cap_is_lru_tail_first():
     for req in (a, b, c):
         pool.free(req.block_ids)
     order = pool.allocation_order()
-    assert order[:6] == [a.block_ids[1], a.block_ids[0], b.block_ids[1], b.block_ids[0],
-                         c.block_ids[1], c.block_ids[0]]  # fmt: skip
+    assert order[:6] == [
+        a.block_ids[1],
+        a.block_ids[0],
+        b.block_ids[1],
+        b.block_ids[0],
+        c.block_ids[1],
+        c.block_ids[0],
+    ]
     assert order[6:] == list(range(7, 101))  # never-written ones only past the cap
     taken = pool.allocate(3)  # a's tail, then its head, then b's tail
     assert taken == [a.block_ids[1], a.block_ids[0], b.block_ids[1]]
@@ -253,15 +259,23 @@ def test_scheduler_serving_distinct_prompts_stays_within_the_cap():
     """End to end: one request at a time, 120 distinct prompts, the pool's resident set stays
     at the cap (block 0 aside) while the budget is ten times larger."""
     cfg = SchedulerConfig(
-        max_num_seqs=1, max_num_batched_tokens=64, max_model_len=64, block_size=BS,
-        num_blocks=601, resident_blocks=24,
-    )  # fmt: skip
+        max_num_seqs=1,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        block_size=BS,
+        num_blocks=601,
+        resident_blocks=24,
+    )
     sched, ex = Scheduler(cfg), FakeExecutor(cfg)
     reqs = [
-        Request(f"r{i}", [1000 + 20 * i + j for j in range(16)],
-                SamplingParams(max_tokens=8, ignore_eos=True), seed=zlib.crc32(b"%d" % i))
+        Request(
+            f"r{i}",
+            [1000 + 20 * i + j for j in range(16)],
+            SamplingParams(max_tokens=8, ignore_eos=True),
+            seed=zlib.crc32(b"%d" % i),
+        )
         for i in range(120)
-    ]  # fmt: skip
+    ]
     outcomes = run(sched, ex, Workload(arrivals={0: reqs}))
     assert all(len(o.token_ids) == 8 for o in outcomes.values())
     assert sched.pool.num_resident_blocks == 24 and sched.pool.num_cached_blocks > 0

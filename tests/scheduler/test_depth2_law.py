@@ -72,9 +72,14 @@ def fresh(workload: Workload) -> Workload:
 
 def simulate(workload, depth, caching, num_blocks, stats):
     cfg = SchedulerConfig(
-        max_num_seqs=8, max_num_batched_tokens=32, max_model_len=MAX_MODEL_LEN, block_size=BS,
-        num_blocks=num_blocks, enable_prefix_caching=caching, eos_token_ids=(EOS,),
-    )  # fmt: skip
+        max_num_seqs=8,
+        max_num_batched_tokens=32,
+        max_model_len=MAX_MODEL_LEN,
+        block_size=BS,
+        num_blocks=num_blocks,
+        enable_prefix_caching=caching,
+        eos_token_ids=(EOS,),
+    )
     sched = Scheduler(cfg)
 
     schedule = sched.schedule

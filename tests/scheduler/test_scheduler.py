@@ -13,9 +13,13 @@ from vtllm.scheduler.scheduler import Scheduler
 
 def config(**kw) -> SchedulerConfig:
     base = dict(
-        max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, block_size=4,
-        num_blocks=257, eos_token_ids=(EOS,),
-    )  # fmt: skip
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        block_size=4,
+        num_blocks=257,
+        eos_token_ids=(EOS,),
+    )
     return SchedulerConfig(**(base | kw))
 
 

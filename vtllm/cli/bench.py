@@ -37,18 +37,6 @@ def _peak_rss_mib() -> float:
 def run_bench(args) -> int:
     from vtllm.cli.generate import load_llm
 
-    if args.bench == "kernels":
-        from vtllm.cli.bench_kernels import bench_kernels
-
-        rows = bench_kernels()
-        if args.json:
-            _print({"linear": rows}, True)
-        for r in rows if not args.json else ():
-            print(
-                f"{r['qtype']:>5} {r['N']:>6}x{r['K']:<5} M={r['M']:<4} threads={r['threads']} "
-                f"{r['us']:10.1f} us {r['gmac_s']:7.1f} GMAC/s"
-            )
-        return 0
     if args.bench == "latency":
         overrides = {"enable_prefix_caching": False}
         if args.max_num_batched_tokens is None:

@@ -1,5 +1,9 @@
-"""`python -m vtllm bench kernels`: the CPU linear kernel, GMAC/s at the default model's shapes."""
+"""The CPU linear kernel's GMAC/s at the default model's shapes, by batch and threads:
+    python -m bench.cpu_kernels [--json]
+"""
 
+import argparse
+import json
 import time
 
 import numpy as np
@@ -56,3 +60,22 @@ def bench_kernels(thread_counts=(1, 2), batch_sizes=(1, 512)) -> list[dict]:
                     }
                 )
     return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.cpu_kernels", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args()
+    rows = bench_kernels()
+    if args.json:
+        print(json.dumps({"linear": rows}, indent=2))
+        return
+    for r in rows:
+        print(
+            f"{r['qtype']:>5} {r['N']:>6}x{r['K']:<5} M={r['M']:<4} threads={r['threads']} "
+            f"{r['us']:10.1f} us {r['gmac_s']:7.1f} GMAC/s"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""Registers, spills and SASS of a CUDA kernel, compiled for sm_90 (H100, H200) on a machine
+"""Registers, spills and SASS of a CUDA kernel, compiled for sm_90 (Hopper) on a machine
 without a GPU: such questions need no card.
 
 Needs numba-cuda (the version the kernels run with on the GPU), NVRTC and ptxas, cuobjdump and

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# llama.cpp built with CUDA for sm_90 (H100/H200): the GPU peer of `python -m bench.gpu`
+# llama.cpp built with CUDA for sm_90 (Hopper): the GPU peer of `python -m bench.gpu`
 # (llama-bench, llama-batched-bench) and of the HTTP comparison (llama-server).
 #
-# Two steps, because the GPU machine reaches no registry:
+# Two steps, so that a GPU machine without network access can run the second:
 #
 #   bash loadtest/peers/build_llama_cuda.sh source   # where PyPI is reachable
 #   bash loadtest/peers/build_llama_cuda.sh build    # on the GPU machine (nvcc, cmake, ninja)

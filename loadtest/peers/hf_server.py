@@ -8,7 +8,7 @@ prompts, runs one prefill and then decode steps for the whole batch over the KV 
 (past_key_values) until every row has finished; requests that arrive meanwhile wait for the next
 batch. Tokens stream per request as they are produced, one chunk per token with its logprob, so
 loadtest/stream_check.py counts them exactly. Needs torch, transformers, starlette and uvicorn
-(requirements-hf.txt), or hypercorn in uvicorn's place (the GPU machine has no uvicorn); imports
+(requirements-hf.txt), or hypercorn in uvicorn's place (where uvicorn is not installed); imports
 nothing from vtllm.
 """
 

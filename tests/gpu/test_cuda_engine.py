@@ -314,7 +314,7 @@ def test_wgmma_gives_the_mma_logits(tmp_path, monkeypatch):
     from vtllm.kernels.cuda._ptx_wgmma import WGMMA
 
     if not WGMMA:
-        pytest.skip("wgmma needs an sm_90 GPU (H100, H200)")
+        pytest.skip("wgmma needs an sm_90 (Hopper) GPU")
     launched, launch = [], cuda_model.gemm_wgmma
     monkeypatch.setattr(
         cuda_model, "gemm_wgmma", lambda *a, **k: (launched.append(1), launch(*a, **k))

@@ -31,7 +31,7 @@ from vtllm.kernels.cuda.linear_mma import WARPS as RESIDUES
 
 pytestmark = [
     pytest.mark.cudasim,
-    pytest.mark.skipif(not WGMMA, reason="wgmma needs an sm_90 GPU (H100, H200)"),
+    pytest.mark.skipif(not WGMMA, reason="wgmma needs an sm_90 (Hopper) GPU"),
 ]
 
 ROWS = 16 * BLOCK_TILES  # one block's rows of W

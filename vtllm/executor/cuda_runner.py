@@ -110,7 +110,7 @@ def _check_prefill_gemm(prefill_gemm: str, matmul_input_dtype: str) -> None:
         return
     if not WGMMA:
         raise InvalidParameter(
-            "cuda_prefill_gemm wgmma needs an sm_90 GPU (H100, H200)", param="cuda_prefill_gemm"
+            "cuda_prefill_gemm wgmma needs an sm_90 (Hopper) GPU", param="cuda_prefill_gemm"
         )
     if matmul_input_dtype != "bfloat16":
         raise InvalidParameter(

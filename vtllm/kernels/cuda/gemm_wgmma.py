@@ -349,7 +349,7 @@ def gemm_wgmma(xw, w: PackedBF16, out, *, bias=None, stream=0) -> None:
     """out[M, N] = x @ W.T (+ bias[N]) for x rounded by round_x into xw (its return value for
     x [M, K]) and W packed by pack_bf16 with x_bf16. Device arrays; out must not overlap xw."""
     if not WGMMA:
-        raise ValueError("gemm_wgmma: wgmma needs an sm_90 GPU (H100, H200)")
+        raise ValueError("gemm_wgmma: wgmma needs an sm_90 (Hopper) GPU")
     if not w.x_bf16:
         raise ValueError("gemm_wgmma: W must be packed with x_bf16 (bf16 matmul inputs)")
     check("gemm_wgmma", "out", out, np.float32, 2)

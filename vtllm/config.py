@@ -159,6 +159,13 @@ KNOBS = (
     Knob("server_max_prompt_chars", "int", 200000, "longest prompt text", 1, 1 << 30),
     Knob("server_max_new_tokens", "int", 4096, "largest max_tokens a request may ask", 1, 1 << 24),
     Knob(
+        "strict_request_fields",
+        "bool",
+        False,
+        "refuse (400) request fields no API defines; off: they are ignored, named in a warning "
+        "and the Vtllm-Ignored-Fields response header",
+    ),
+    Knob(
         "server_sse_ping_s",
         "float",
         15.0,
@@ -265,6 +272,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_body_bytes: int = 4 << 20
     server_max_prompt_chars: int = 200000
     server_max_new_tokens: int = 4096
+    strict_request_fields: bool = False
     server_sse_ping_s: float = 15.0
     max_queued_requests: int = 256
     max_queued_prompt_tokens: int = 131072

@@ -17,6 +17,7 @@ from vtllm.server.admission import (
     DrainRate,
     HeaderLimitMiddleware,
 )
+from vtllm.server.fields import IGNORED_HEADER
 from vtllm.server.http_errors import error_response, http_exception
 from vtllm.server.metrics import metrics
 from vtllm.server.openapi import openapi
@@ -69,6 +70,7 @@ def build_app(state: ServerState) -> Starlette:
             allow_origins=origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
+            expose_headers=[IGNORED_HEADER],  # a browser client may read what was ignored
         )
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, key=config.api_key)

@@ -52,7 +52,10 @@ class Submission:
                 yield choice, update
 
 
-def submit(loop: StepLoop, prompts: list[list[int]], params: SamplingParams, prefix: str):
+def submit(
+    loop: StepLoop, prompts: list[list[int]], params: SamplingParams, prefix: str, priority: int = 0
+):
+    """Adds every choice; `priority` orders the queue and preemption (lower first)."""
     sub = Submission(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), [], Mailbox())
     try:
         for p, ids in enumerate(prompts):
@@ -60,7 +63,8 @@ def submit(loop: StepLoop, prompts: list[list[int]], params: SamplingParams, pre
                 seed = None if params.seed is None else params.seed + k
                 request_id = f"{sub.id}-{p}-{k}"
                 index = len(sub.choices)
-                loop.add(Request(request_id, list(ids), params, seed=seed), sub.mailbox, index)
+                request = Request(request_id, list(ids), params, seed=seed, priority=priority)
+                loop.add(request, sub.mailbox, index)
                 sub.choices.append(Choice(index, request_id, ids, k == 0))
     except BaseException:
         sub.abort_unfinished(loop)

@@ -1,4 +1,5 @@
-"""OpenAI wire formats as msgspec Structs: strict types, unknown fields ignored.
+"""OpenAI wire formats as msgspec Structs: strict types; every field a client may send is
+declared, and the ones no API defines are named (RequestDecoder).
 
 Fields whose JSON shape varies (prompt, messages, stop) are typed loosely here and checked in
 validate.py, where each error can name its exact param (messages[0].role).
@@ -8,6 +9,10 @@ decoding a 4 MiB body of two million token ids or 100k messages into objects hol
 for tens of milliseconds, on the event loop. Skipping over them is several times cheaper,
 and validate.py refuses such a body from its bytes (ids counted by their commas, messages as
 undecoded items) in a preprocessing thread, before building anything.
+
+Fields that OpenAI or vLLM define but vtllm does not honour yet are declared too, as
+`Unsupported` (undecoded: a large `tools` list costs a skip, not a decode); fields.py refuses
+any value of theirs that asks for something.
 """
 
 from typing import Annotated, Any
@@ -44,10 +49,15 @@ _STOP = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "stri
 Prompt = Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema=_PROMPT)]
 Messages = Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema=_MESSAGES)]
 Stop = Annotated[Any, msgspec.Meta(extra_json_schema=_STOP)]
+Unsupported = Annotated[
+    msgspec.Raw, msgspec.Meta(description="not supported yet: only the default value is accepted")
+]
+ABSENT = msgspec.field(default_factory=msgspec.Raw)  # an Unsupported field not sent: empty
 
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's; true is refused (fields.py)
 
 
 class _SamplingFields(msgspec.Struct, kw_only=True):
@@ -72,6 +82,32 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     user: str | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    priority: int = 0  # vLLM's: lower is scheduled first
+    prompt_logprobs: int | None = None  # vLLM's
+    best_of: int | None = None  # accepted when equal to n
+    # Structured outputs (OpenAI's response_format, vLLM's structured_outputs and guided_*)
+    response_format: Unsupported = ABSENT
+    structured_outputs: Unsupported = ABSENT
+    guided_json: Unsupported = ABSENT
+    guided_regex: Unsupported = ABSENT
+    guided_choice: Unsupported = ABSENT
+    guided_grammar: Unsupported = ABSENT
+    guided_decoding_backend: Unsupported = ABSENT
+    guided_whitespace_pattern: Unsupported = ABSENT
+    # vLLM's other sampling and output extras
+    truncate_prompt_tokens: Unsupported = ABSENT
+    bad_words: Unsupported = ABSENT
+    allowed_token_ids: Unsupported = ABSENT
+    logits_processors: Unsupported = ABSENT
+    use_beam_search: Unsupported = ABSENT
+    length_penalty: Unsupported = ABSENT
+    spaces_between_special_tokens: Unsupported = ABSENT
+    return_tokens_as_token_ids: Unsupported = ABSENT
+    return_token_ids: Unsupported = ABSENT
+    cache_salt: Unsupported = ABSENT
+    kv_transfer_params: Unsupported = ABSENT
+    vllm_xargs: Unsupported = ABSENT
+    request_id: Unsupported = ABSENT
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -79,20 +115,46 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     prompt: Prompt = msgspec.field(default_factory=msgspec.Raw)
     logprobs: int | None = None
     echo: bool = False
+    suffix: Unsupported = ABSENT
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: Messages = msgspec.field(default_factory=msgspec.Raw)  # list of {role, content}
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # tracking and cache-routing hints: they ask nothing of the output
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # modifies tool calls only: with `tools` refused it asks for nothing, and clients send it
+    # by default (OpenAI's default is true), so refusing it would break tool-less requests
+    parallel_tool_calls: bool | None = None
+    tools: Unsupported = ABSENT
+    tool_choice: Unsupported = ABSENT
+    functions: Unsupported = ABSENT
+    function_call: Unsupported = ABSENT
+    chat_template: Unsupported = ABSENT
+    chat_template_kwargs: Unsupported = ABSENT
+    continue_final_message: Unsupported = ABSENT
+    documents: Unsupported = ABSENT
+    mm_processor_kwargs: Unsupported = ABSENT
+    echo: Unsupported = ABSENT
+    modalities: Unsupported = ABSENT
+    audio: Unsupported = ABSENT
+    prediction: Unsupported = ABSENT
+    reasoning_effort: Unsupported = ABSENT
+    verbosity: Unsupported = ABSENT
+    web_search_options: Unsupported = ABSENT
+    store: Unsupported = ABSENT
+    metadata: Unsupported = ABSENT
+    service_tier: Unsupported = ABSENT
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     prompt: str | msgspec.UnsetType = msgspec.UNSET
-    messages: Any = msgspec.UNSET
+    messages: Unsupported = ABSENT
     add_special_tokens: bool = True
 
 
@@ -117,12 +179,23 @@ class CompletionLogprobs(msgspec.Struct):
     text_offset: list[int]
 
 
+class PromptLogprob(msgspec.Struct):
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
+# vLLM's shape: one entry per prompt token, None for the first; token id (a string) -> logprob
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(msgspec.Struct):
     index: int
     text: str
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: CompletionLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | msgspec.UnsetType = msgspec.UNSET  # absent unless asked
 
 
 class CompletionResponse(msgspec.Struct):
@@ -179,6 +252,7 @@ class ChatCompletionResponse(msgspec.Struct):
     choices: list[ChatChoice]
     object: str = "chat.completion"
     usage: Usage | None = None
+    prompt_logprobs: PromptLogprobs | msgspec.UnsetType = msgspec.UNSET  # absent unless asked
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -201,8 +275,56 @@ class ErrorResponse(msgspec.Struct):
     error: ErrorBody
 
 
+class RequestDecoder:
+    """Decodes a request body, and names the fields in it that no API defines.
+
+    The body is decoded first by a copy of the Struct that forbids unknown fields: a body
+    without one (nearly all) costs the one decode it always did. Only a body that holds one
+    is decoded again, leniently, and its keys listed (a skip over the values): two or three
+    passes, paid by that request alone (BENCHMARKS.md, "Request decoding").
+    """
+
+    def __init__(self, struct: type):
+        annotations = {}
+        if "stream_options" in struct.__struct_fields__:
+            annotations["stream_options"] = _StrictStreamOptions | None
+        strict = type(
+            "Strict" + struct.__name__,
+            (struct,),
+            {"__annotations__": annotations, **dict.fromkeys(annotations)},
+            forbid_unknown_fields=True,
+            kw_only=True,
+        )
+        self._strict = msgspec.json.Decoder(strict)
+        self._lenient = msgspec.json.Decoder(struct)
+        self._fields = frozenset(struct.__struct_fields__)
+
+    def decode(self, body: bytes) -> tuple[Any, list[str]]:
+        try:
+            return self._strict.decode(body), []
+        except msgspec.ValidationError as exc:
+            if not str(exc).startswith("Object contains unknown field"):
+                raise
+        return self._lenient.decode(body), self.unknown_fields(body)
+
+    def unknown_fields(self, body: bytes) -> list[str]:
+        """The body's undeclared keys in order, stream_options' as `stream_options.key`."""
+        keys = _KEYS.decode(body)
+        names = [k for k in keys if k not in self._fields]
+        nested = keys.get("stream_options")
+        if nested is not None and memoryview(nested)[:1] == b"{":
+            names += [f"stream_options.{k}" for k in _KEYS.decode(nested) if k not in _STREAM]
+        return names
+
+
+class _StrictStreamOptions(StreamOptions, forbid_unknown_fields=True):
+    pass
+
+
+_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_STREAM = frozenset(StreamOptions.__struct_fields__)
 encoder = msgspec.json.Encoder()
-completion_decoder = msgspec.json.Decoder(CompletionRequest)
-chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
-tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
-detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+completion_decoder = RequestDecoder(CompletionRequest)
+chat_decoder = RequestDecoder(ChatCompletionRequest)
+tokenize_decoder = RequestDecoder(TokenizeRequest)
+detokenize_decoder = RequestDecoder(DetokenizeRequest)

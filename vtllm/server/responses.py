@@ -11,6 +11,8 @@ from vtllm.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
+    PromptLogprob,
+    PromptLogprobs,
     TopLogprob,
     Usage,
 )
@@ -30,6 +32,17 @@ class _Shaper:
         prompt = sum(len(c.prompt_ids) for c in self.sub.choices if c.first_of_prompt)
         completion = sum(len(c.total.token_ids) for c in self.sub.choices)
         return Usage(prompt, completion, prompt + completion)
+
+    def _prompt_logprobs(self, choice) -> PromptLogprobs:
+        """vLLM's shape: None for the first prompt token (nothing predicts it), then the
+        token's own logprob and its top alternatives, keyed by token id."""
+        out: PromptLogprobs = [None]
+        for lp in choice.total.prompt_logprobs:
+            entry = {str(lp.token_id): PromptLogprob(lp.logprob, lp.rank, self._token(lp.token_id))}
+            for rank, (t, v) in enumerate(zip(lp.top_ids, lp.top_logprobs, strict=True), 1):
+                entry.setdefault(str(t), PromptLogprob(v, rank, self._token(t)))
+            out.append(entry)
+        return out
 
 
 class CompletionShaper(_Shaper):
@@ -91,15 +104,12 @@ class CompletionShaper(_Shaper):
         choices = []
         for c in self.sub.choices:
             text = (self._echo(c) if self.req.echo else "") + c.total.text
-            choices.append(
-                CompletionChoice(
-                    c.index,
-                    text,
-                    c.total.finish_reason,
-                    c.total.stop_reason,
-                    self._logprobs(c.total),
-                )
+            choice = CompletionChoice(
+                c.index, text, c.total.finish_reason, c.total.stop_reason, self._logprobs(c.total)
             )
+            if self.req.prompt_logprobs is not None:
+                choice.prompt_logprobs = self._prompt_logprobs(c)
+            choices.append(choice)
         return self._response(choices, self.usage())
 
 
@@ -161,6 +171,9 @@ class ChatShaper(_Shaper):
             for c in self.sub.choices
         ]
         sub = self.sub
-        return ChatCompletionResponse(
+        response = ChatCompletionResponse(
             sub.id, sub.created, self.state.model_name, choices, usage=self.usage()
         )
+        if self.req.prompt_logprobs is not None:  # one prompt for every choice: vLLM's place
+            response.prompt_logprobs = self._prompt_logprobs(sub.choices[0])
+        return response

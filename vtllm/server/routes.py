@@ -16,6 +16,7 @@ from vtllm.models.chat_template import render_chat
 from vtllm.scheduler.output import ERROR
 from vtllm.server import preprocess, responses
 from vtllm.server.admission import DISCONNECTED_AT, admit, admit_prompt_tokens
+from vtllm.server.fields import IGNORED_HEADER, ignore_unknown, refuse_unsupported
 from vtllm.server.generation import submit
 from vtllm.server.http_errors import (
     HttpError,
@@ -43,6 +44,7 @@ log = logging.getLogger("vtllm.server")
 
 
 async def read_json(request: Request, decoder, limit: int):
+    """The body as (request Struct, names of the fields in it that no API defines)."""
     content_type, *params = request.headers.get("content-type", "").lower().split(";")
     charsets = [p.split("=", 1)[1].strip(' "') for p in params if p.strip().startswith("charset=")]
     if content_type.strip() != "application/json" or any(c != "utf-8" for c in charsets):
@@ -79,8 +81,26 @@ async def read_json(request: Request, decoder, limit: int):
         ) from None
 
 
+async def read_request(request: Request, decoder, route: str):
+    """The body as a request Struct; fields no API defines are refused in strict mode, else
+    named in a log line and on the response (`_named`)."""
+    config = request.app.state.vt.config
+    req, unknown = await read_json(request, decoder, config.max_body_bytes)
+    request.state.ignored = ignore_unknown(
+        unknown, strict=config.strict_request_fields, route=route
+    )
+    return req
+
+
+def _named(request: Request, response: Response) -> Response:
+    ignored = getattr(request.state, "ignored", None)
+    if ignored is not None:
+        response.headers[IGNORED_HEADER] = ignored
+    return response
+
+
 def _refusal(request: Request, exc: Exception) -> Response:
-    return close_if_body_unread(request, from_exception(exc))
+    return _named(request, close_if_body_unread(request, from_exception(exc)))
 
 
 def _check_model(state, model: str | None) -> None:
@@ -112,8 +132,9 @@ async def completions(request: Request) -> Response:
     state = request.app.state.vt
     try:
         admit(state)
-        req = await read_json(request, completion_decoder, state.config.max_body_bytes)
+        req = await read_request(request, completion_decoder, "completions")
         _check_model(state, req.model)
+        refuse_unsupported(req)
         cfg = state.config
         params = sampling_params(req, chat=False, max_new_tokens=cfg.server_max_new_tokens)
         params.check_vocab(state.vocab_size)
@@ -129,21 +150,22 @@ async def completions(request: Request) -> Response:
         prompts = await preprocess.run(prompts_of, len(req.prompt))
         check_fan_out(len(prompts), params.n)
         admit_prompt_tokens(state, sum(len(p) for p in prompts) * params.n)
-        sub = submit(state.loop, prompts, params, "cmpl")
+        sub = submit(state.loop, prompts, params, "cmpl", req.priority)
     except (VtllmError, ValueError) as exc:
         return _refusal(request, exc)
     shaper = responses.CompletionShaper(state, req, sub)
     if req.stream:
-        return _stream(state, sub, shaper, request.scope)
-    return await _gather(state, sub, shaper, request)
+        return _named(request, _stream(state, sub, shaper, request.scope))
+    return _named(request, await _gather(state, sub, shaper, request))
 
 
 async def chat_completions(request: Request) -> Response:
     state = request.app.state.vt
     try:
         admit(state)
-        req = await read_json(request, chat_decoder, state.config.max_body_bytes)
+        req = await read_request(request, chat_decoder, "chat/completions")
         _check_model(state, req.model)
+        refuse_unsupported(req)
         cfg = state.config
         tok, max_chars = state.tokenizer, cfg.server_max_prompt_chars
 
@@ -157,13 +179,13 @@ async def chat_completions(request: Request) -> Response:
         params = sampling_params(req, chat=True, max_new_tokens=cfg.server_max_new_tokens)
         params.check_vocab(state.vocab_size)
         admit_prompt_tokens(state, len(prompt) * params.n)
-        sub = submit(state.loop, [prompt], params, "chatcmpl")
+        sub = submit(state.loop, [prompt], params, "chatcmpl", req.priority)
     except (VtllmError, ValueError) as exc:
         return _refusal(request, exc)
     shaper = responses.ChatShaper(state, req, sub)
     if req.stream:
-        return _stream(state, sub, shaper, request.scope)
-    return await _gather(state, sub, shaper, request)
+        return _named(request, _stream(state, sub, shaper, request.scope))
+    return _named(request, await _gather(state, sub, shaper, request))
 
 
 def _error_frame(message: str) -> bytes:
@@ -263,8 +285,9 @@ async def version(_request: Request) -> Response:
 async def tokenize(request: Request) -> Response:
     state = request.app.state.vt
     try:
-        req = await read_json(request, tokenize_decoder, state.config.max_body_bytes)
+        req = await read_request(request, tokenize_decoder, "tokenize")
         _check_model(state, req.model)
+        refuse_unsupported(req)
         if isinstance(req.prompt, str):
             ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
@@ -273,13 +296,14 @@ async def tokenize(request: Request) -> Response:
             )
     except (VtllmError, ValueError) as exc:
         return _refusal(request, exc)
-    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
+    body = {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+    return _named(request, JSONResponse(body))
 
 
 async def detokenize(request: Request) -> Response:
     state = request.app.state.vt
     try:
-        req = await read_json(request, detokenize_decoder, state.config.max_body_bytes)
+        req = await read_request(request, detokenize_decoder, "detokenize")
         _check_model(state, req.model)
         if any(t < 0 or t >= state.vocab_size for t in req.tokens):
             raise HttpError(
@@ -287,4 +311,4 @@ async def detokenize(request: Request) -> Response:
             )
     except (VtllmError, ValueError) as exc:
         return _refusal(request, exc)
-    return JSONResponse({"prompt": state.tokenizer.decode(req.tokens)})
+    return _named(request, JSONResponse({"prompt": state.tokenizer.decode(req.tokens)}))

@@ -15,6 +15,7 @@ MAX_STOP_CHARS = 256  # text within this many characters of the end is held back
 MAX_TOP_LOGPROBS = 20
 MAX_TEMPERATURE = 2.0
 ROLES = frozenset({"system", "developer", "user", "assistant"})
+TOOL_ROLES = frozenset({"tool", "function"})  # OpenAI's, refused until tool calling lands
 
 
 _ANY = msgspec.json.Decoder()
@@ -128,10 +129,17 @@ def chat_messages(req: ChatCompletionRequest, max_chars: int) -> list[dict]:
         if not isinstance(message, dict):
             raise InvalidParameter("a message is an object", param=f"messages[{i}].role")
         role = message.get("role")
+        if role in TOOL_ROLES:
+            raise InvalidParameter("tool calling is not supported yet", param=f"messages[{i}].role")
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidParameter(
                 f"role must be one of {sorted(ROLES)}", param=f"messages[{i}].role"
             )
+        for key in ("tool_calls", "function_call"):  # an empty list or null asks for nothing
+            if message.get(key):
+                raise InvalidParameter(
+                    "tool calling is not supported yet", param=f"messages[{i}].{key}"
+                )
         text = _content_text(message.get("content"), i)
         total += len(text)
         if total > max_chars:
@@ -171,13 +179,20 @@ def sampling_params(req, *, chat: bool, max_new_tokens: int) -> SamplingParams:
     if req.stream_options is not None and not req.stream:
         raise InvalidParameter("stream_options needs stream=true", param="stream_options")
     bias = _logit_bias(req.logit_bias)
-    max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens else req.max_tokens
+    max_tokens, name = req.max_tokens, "max_tokens"
+    if chat and req.max_completion_tokens is not None:  # OpenAI's newer name for it
+        name = "max_completion_tokens"
+        if max_tokens is not None and max_tokens != req.max_completion_tokens:
+            raise InvalidParameter("max_tokens and max_completion_tokens differ", param=name)
+        max_tokens = req.max_completion_tokens
+        if max_tokens < 1:
+            raise InvalidParameter(f"{name} must be at least 1", param=name)
     if max_tokens is None and not chat:
         max_tokens = 16  # the OpenAI default for completions
     if max_tokens is not None and max_tokens > max_new_tokens:
         raise ContextLengthExceeded(
-            f"max_tokens is {max_tokens}; this server generates at most {max_new_tokens}",
-            param="max_tokens",
+            f"{name} is {max_tokens}; this server generates at most {max_new_tokens}",
+            param=name,
         )
     if not 1 <= req.n <= MAX_N:
         raise InvalidParameter(f"n must be in [1, {MAX_N}]", param="n")
@@ -215,6 +230,7 @@ def sampling_params(req, *, chat: bool, max_new_tokens: int) -> SamplingParams:
         stop_token_ids=req.stop_token_ids or [],
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
+        prompt_logprobs=req.prompt_logprobs,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
     )

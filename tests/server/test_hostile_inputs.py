@@ -19,6 +19,13 @@ MSG = [{"role": "user", "content": "hi"}]
 J = "application/json"
 CANARY = "zq" + "x" * 4000 + "qz"  # must never come back in an error message
 DEEP = 100_000
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]}
+SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+USAGE_STATS = {"include_usage": True, "continuous_usage_stats": True}
+USAGE_PARAM = "stream_options.continuous_usage_stats"
+STRUCTURED, PREDICTION = "structured_outputs", "prediction"
 
 
 def _c(**fields):
@@ -134,6 +141,56 @@ CASES = [
     # fan-out: prompts x n stays under a cap
     ("fan-out", C, _c(prompt=["a"] * 5, n=16, temperature=1.0), None, 400, "n"),
     ("fan-out-64x2", C, _c(prompt=["a"] * 64, n=2, temperature=1.0), None, 400, "n"),
+    # fields an API defines that vtllm does not honour yet: once answered 200 as if done
+    ("json-object", CC, _cc(response_format={"type": "json_object"}), None, 400, "response_format"),
+    ("json-schema", CC, _cc(response_format=SCHEMA_FORMAT), None, 400, "response_format"),
+    ("format-sound", C, _c(response_format={"type": "sound"}), None, 400, "response_format"),
+    ("format-str", C, _c(response_format="json"), None, 400, "response_format"),
+    ("guided-json", C, _c(guided_json={"type": "object"}), None, 400, "guided_json"),
+    ("guided-regex", CC, _cc(guided_regex="[0-9]+"), None, 400, "guided_regex"),
+    ("guided-choice", C, _c(guided_choice=["a", "b"]), None, 400, "guided_choice"),
+    ("guided-grammar", CC, _cc(guided_grammar="root ::= 'a'"), None, 400, "guided_grammar"),
+    ("guided-backend", C, _c(guided_decoding_backend="x"), None, 400, "guided_decoding_backend"),
+    ("structured-outputs", CC, _cc(structured_outputs={"regex": "a+"}), None, 400, STRUCTURED),
+    ("tools", CC, _cc(tools=[TOOL], tool_choice="auto"), None, 400, "tools"),
+    ("tools-bad-schema", CC, _cc(tools=[{"type": "function", "function": 1}]), None, 400, "tools"),
+    ("tools-1MiB", CC, _cc(tools=[{"x": CANARY}] * 256), None, 400, "tools"),
+    ("tool-choice-required", CC, _cc(tool_choice="required"), None, 400, "tool_choice"),
+    ("functions", CC, _cc(functions=[TOOL["function"]]), None, 400, "functions"),
+    ("function-call", CC, _cc(function_call={"name": "f"}), None, 400, "function_call"),
+    ("tool-message", CC, _cc(messages=[*MSG, TOOL_RESULT]), None, 400, "messages[1].role"),
+    ("tool-calls-message", CC, _cc(messages=[CALL, *MSG]), None, 400, "messages[0].tool_calls"),
+    ("best-of-1e6", C, _c(best_of=1_000_000), None, 400, "best_of"),
+    ("best-of-over-n", C, _c(best_of=2, n=1), None, 400, "best_of"),
+    ("best-of-str", C, _c(best_of="2"), None, 400, "best_of"),
+    ("prompt-logprobs-neg", C, _c(prompt_logprobs=-1), None, 400, "prompt_logprobs"),
+    ("prompt-logprobs-21", CC, _cc(prompt_logprobs=21), None, 400, "prompt_logprobs"),
+    ("prompt-logprobs-stream", C, _c(prompt_logprobs=1, stream=True), None, 400, "prompt_logprobs"),
+    ("priority-str", C, _c(priority="high"), None, 400, "priority"),  # honoured when an int
+    ("priority-float", CC, _cc(priority=1.5), None, 400, "priority"),
+    ("truncate-prompt", C, _c(truncate_prompt_tokens=5), None, 400, "truncate_prompt_tokens"),
+    ("bad-words", CC, _cc(bad_words=["x"]), None, 400, "bad_words"),
+    ("allowed-token-ids", C, _c(allowed_token_ids=[1, 2]), None, 400, "allowed_token_ids"),
+    ("suffix", C, _c(suffix="}"), None, 400, "suffix"),
+    ("template-kwargs", CC, _cc(chat_template_kwargs={"x": 1}), None, 400, "chat_template_kwargs"),
+    ("continue-final", CC, _cc(continue_final_message=True), None, 400, "continue_final_message"),
+    ("chat-template", CC, _cc(chat_template="{{ 1 }}"), None, 400, "chat_template"),
+    ("chat-echo", CC, _cc(echo=True), None, 400, "echo"),
+    ("beam-search", C, _c(use_beam_search=True), None, 400, "use_beam_search"),
+    ("length-penalty", C, _c(length_penalty=2), None, 400, "length_penalty"),
+    ("cache-salt", CC, _cc(cache_salt="s"), None, 400, "cache_salt"),
+    ("modalities-audio", CC, _cc(modalities=["text", "audio"]), None, 400, "modalities"),
+    ("audio", CC, _cc(audio={"voice": "alloy", "format": "wav"}), None, 400, "audio"),
+    ("prediction", CC, _cc(prediction={"type": "content", "content": "x"}), None, 400, PREDICTION),
+    ("store", CC, _cc(store=True), None, 400, "store"),
+    ("metadata", CC, _cc(metadata={"k": "v"}), None, 400, "metadata"),
+    ("service-tier", CC, _cc(service_tier="flex"), None, 400, "service_tier"),
+    ("reasoning-effort", CC, _cc(reasoning_effort="low"), None, 400, "reasoning_effort"),
+    ("web-search", CC, _cc(web_search_options={}), None, 400, "web_search_options"),
+    ("usage-stats", C, _c(stream=True, stream_options=USAGE_STATS), None, 400, USAGE_PARAM),
+    ("max-completion-0", CC, _cc(max_completion_tokens=0), None, 400, "max_completion_tokens"),
+    ("max-both-differ", CC, _cc(max_completion_tokens=3), None, 400, "max_completion_tokens"),
+    ("tokenize-messages", "/tokenize", {"messages": MSG}, None, 400, "messages"),
     # nesting: msgspec's depth guard must answer 400, not crash the handler
     ("deep-prompt", C, b'{"prompt": ' + b"[" * DEEP + b"]" * DEEP + b"}", J, 400, None),
     ("deep-unknown-field", C, b'{"x": ' + b"[" * DEEP + b"]" * DEEP + b', "prompt": "a"}', J),

@@ -309,11 +309,12 @@ class RequestDecoder:
 
     def unknown_fields(self, body: bytes) -> list[str]:
         """The body's undeclared keys in order, stream_options' as `stream_options.key`."""
-        keys = _KEYS.decode(body)
-        names = [k for k in keys if k not in self._fields]
-        nested = keys.get("stream_options")
-        if nested is not None and memoryview(nested)[:1] == b"{":
-            names += [f"stream_options.{k}" for k in _KEYS.decode(nested) if k not in _STREAM]
+        names = []
+        for key, value in _KEYS.decode(body).items():
+            if key not in self._fields:
+                names.append(key)
+            elif key == "stream_options" and memoryview(value)[:1] == b"{":
+                names += [f"{key}.{k}" for k in _KEYS.decode(value) if k not in _STREAM]
         return names
 
 

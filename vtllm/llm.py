@@ -81,23 +81,39 @@ class LLM:
         raise InvalidParameter("a prompt is a string or a list of token ids", param="prompt")
 
     # -- generation --------------------------------------------------------------------------
-    def generate(self, prompts, sampling_params: SamplingParams | None = None, *, on_update=None):
-        """Runs every prompt to completion; `on_update(index, Update)` sees outputs stream in."""
+    def generate(self, prompts, sampling_params=None, *, on_update=None):
+        """Runs every prompt to completion; `on_update(index, Update)` sees outputs stream in.
+        `sampling_params`: one SamplingParams for every prompt, or a list of one per prompt
+        (vLLM's form)."""
         single = isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         )
         prompts = [prompts] if single else list(prompts)
-        params = sampling_params or SamplingParams()
-        params.check_vocab(self.loaded.config.vocab_size)
+        if isinstance(sampling_params, list | tuple):
+            if len(sampling_params) != len(prompts):
+                raise InvalidParameter(
+                    f"{len(sampling_params)} sampling params for {len(prompts)} prompts: "
+                    "give one per prompt, or one for all",
+                    param="sampling_params",
+                )
+            per_prompt = list(sampling_params)
+        else:
+            per_prompt = [sampling_params or SamplingParams()] * len(prompts)
+        for params in per_prompt:
+            if not isinstance(params, SamplingParams):
+                raise InvalidParameter(
+                    "sampling params must be SamplingParams", param="sampling_params"
+                )
+            params.check_vocab(self.loaded.config.vocab_size)
         encoded = [self._prompt_ids(p) for p in prompts]
-        return anyio.run(self._generate_all, encoded, params, on_update)
+        return anyio.run(self._generate_all, encoded, per_prompt, on_update)
 
-    def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None, **kw):
+    def chat(self, messages: list[dict], sampling_params=None, **kw):
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         texts = [self.render_chat(m) for m in conversations]
         return self.generate(texts, sampling_params, **kw)
 
-    async def _generate_all(self, encoded, params: SamplingParams, on_update):
+    async def _generate_all(self, encoded, per_prompt: list[SamplingParams], on_update):
         outputs: list[RequestOutput | None] = [None] * len(encoded)
         error = None
         async with anyio.create_task_group() as tg:
@@ -105,7 +121,7 @@ class LLM:
             added = []
             try:
                 for i, (text, ids) in enumerate(encoded):
-                    added.append((i, text, ids, self._add(ids, params)))
+                    added.append((i, text, ids, self._add(ids, per_prompt[i])))
             except VtllmError as exc:  # all or nothing: take back what was queued
                 error = exc
                 for *_, collectors in added:

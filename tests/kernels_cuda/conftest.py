@@ -49,13 +49,65 @@ def _simulating() -> bool:
     return bool(config.ENABLE_CUDASIM)
 
 
+# The smoke cases `make test` runs under the simulator (`-m "cudasim and smoke"`): at least one
+# case calling each kernel module (--kernel-coverage checks it), picked among the cheap ones; the
+# whole matrix runs in `make test-cudasim` and on a GPU. A file's name alone takes all its cases.
+SMOKE = {
+    "test_activation.py",
+    "test_norm.py",
+    "test_rope.py",
+    "test_embedding.py",
+    "test_gather.py",
+    "test_device_helpers.py",
+    "test_qkv_rope.py",
+    "test_logprobs.py",
+    "test_staging.py",
+    "test_attention_split_rows.py",
+    "test_sampling.py",
+    "test_sampling_features.py::test_feature_matches_cpu[combined]",
+    "test_sampling_features.py::test_random_mix_matches_cpu",
+    "test_attention.py::test_matches_reference[hq4-hk2-d16-bs4-split]",
+    "test_attention.py::test_matches_reference[hq2-hk1-d8-bs16-whole-row]",
+    "test_attention.py::test_bf16_cache_matches_reference[d32-split]",
+    "test_attention.py::test_ring_kernel_gives_the_split_kernels_bits[hq2-hk1-d8-bs16-bfloat16]",
+    "test_attention.py::test_skips_inconsistent_sequences",
+    "test_attention.py::test_rejects_bad_shapes",
+    "test_attention_flash.py::test_matches_reference[hq8-hk1-d16-bs16]",
+    "test_attention_flash.py::test_rows_past_a_bad_block_table_entry_stay_unwritten",
+    "test_linear.py::test_matches_reference[1-Q4_0]",
+    "test_linear.py::test_matches_reference[5-BF16]",
+    "test_linear.py::test_rejects_bad_arguments",
+    "test_linear_mma.py::test_accumulate_gives_the_bits_of_the_residual_add[1]",
+    "test_linear_mma.py::test_packed_layout_is_the_mma_fragment_order",
+    "test_linear_mma.py::test_bad_shapes_are_refused",
+    "test_gemm_mma.py::test_device_weight_switches_where_gemm_pays[True]",
+    "test_gemm_mma.py::test_bad_shapes_are_refused",
+    "test_gemm_wgmma.py::test_device_weight_takes_wgmma_where_asked",
+    "test_gemm_wgmma.py::test_round_x_is_split_x_hi",
+    "test_gemm_wgmma.py::test_bad_inputs_are_refused",
+    "test_linear_rows.py::test_device_weight_takes_batched_steps_here",
+    "test_linear_rows.py::test_bad_inputs_are_refused",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    if SKIP_REASON is None:
-        return
-    skip = pytest.mark.skip(reason=f"kernels_cuda: {SKIP_REASON}")
-    for item in items:  # this hook sees the whole session's items: touch only this folder's
-        if HERE in Path(item.path).parents:
+    ours = [item for item in items if HERE in Path(item.path).parents]  # the session's items
+    if SKIP_REASON is not None:
+        skip = pytest.mark.skip(reason=f"kernels_cuda: {SKIP_REASON}")
+        for item in ours:
             item.add_marker(skip)
+    unmatched = set(SMOKE)
+    for item in ours:
+        case = f"{Path(item.path).name}::{item.name}"
+        for name in (Path(item.path).name, case):
+            if name in SMOKE:
+                item.add_marker(pytest.mark.smoke)
+                unmatched.discard(name)
+    collected = {Path(item.path).name for item in ours}
+    stale = sorted(n for n in unmatched if n.split("::")[0] in collected)
+    if stale:  # a renamed case must not drop out of the smoke run unnoticed
+        raise pytest.UsageError(f"SMOKE names cases that do not exist: {', '.join(stale)}")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -75,3 +127,64 @@ def _fast_simulator():
 def rng(request):
     """Fresh random inputs, reproducible per test."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# Which kernel modules a simulator run launched: `--kernel-coverage` fails the run when a module
+# of vtllm/kernels/cuda that defines a kernel or device function saw none of them called, so a
+# subset (the smoke run of `make test`) cannot silently stop exercising one.
+_called_modules: set[str] = set()
+
+
+def _kernel_modules() -> set[str]:
+    """Modules of vtllm/kernels/cuda with a `@cuda.jit` function (at module level or made by a
+    factory), found in their source."""
+    import ast
+
+    import vtllm.kernels.cuda as package
+
+    names = set()
+    for path in sorted(Path(package.__path__[0]).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            decorators = getattr(node, "decorator_list", ())
+            if any(ast.unparse(d).startswith("cuda.jit") for d in decorators):
+                names.add(f"{package.__name__}.{path.stem}")
+                break
+    return names
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _record_kernel_calls():
+    if SKIP_REASON is not None or not _simulating():
+        yield
+        return
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+    call = FakeCUDAKernel.__call__
+
+    def recording_call(self, *args):
+        _called_modules.add(self.fn.__module__)
+        return call(self, *args)
+
+    FakeCUDAKernel.__call__ = recording_call
+    yield
+    FakeCUDAKernel.__call__ = call
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist: a worker's launched modules reach the controller, which checks them."""
+    _called_modules.update(getattr(node, "workeroutput", {}).get("kernel_modules", ()))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not session.config.getoption("kernel_coverage") or not _simulating():
+        return
+    if hasattr(session.config, "workerinput"):  # an xdist worker: report, the controller checks
+        session.config.workeroutput["kernel_modules"] = sorted(_called_modules)
+        return
+    missing = sorted(_kernel_modules() - _called_modules)
+    if missing:
+        session.config.get_terminal_writer().line(
+            f"kernel coverage: no test ran a kernel of {', '.join(missing)}", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

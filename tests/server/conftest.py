@@ -9,6 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.server.invariants import scraper
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,7 +50,9 @@ def start_server(*flags: str, env_extra: dict | None = None):
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.stdout.read().decode()[-2000:]}")
         try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
+            # through the scraper's kept-alive connection: a connection of its own would linger
+            # in the server's task count for seconds and delay every idle baseline
+            if scraper.get(base + "/health", timeout=1).status_code == 200:
                 return proc, base
         except httpx.HTTPError:
             pass

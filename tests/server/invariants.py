@@ -26,12 +26,12 @@ class Scrape(dict):
 
 # One kept-alive connection for scraping: a fresh connection per scrape would add hypercorn
 # tasks of its own that linger for seconds and hide (or fake) a leak.
-_scraper = httpx.Client(timeout=120)
+scraper = httpx.Client(timeout=120)
 
 
 def scrape(base: str) -> Scrape:
     out = Scrape()
-    for line in _scraper.get(base + "/metrics").text.splitlines():
+    for line in scraper.get(base + "/metrics").text.splitlines():
         if not line or line.startswith("#"):
             continue
         sample, value = line.rsplit(" ", 1)
@@ -75,12 +75,19 @@ def wait_invariants(base: str, *, tasks: float | None = None, timeout: float = 3
             "leaked tasks",
             m.value("vt:event_loop_tasks"),
         )
-    assert _scraper.get(base + "/health").status_code == 200
+    assert scraper.get(base + "/health").status_code == 200
     return m
 
 
-def idle_tasks(base: str, settle: float = 6.0) -> float:
-    """The idle task count, once earlier connections have closed (hypercorn keeps a closed
-    connection's tasks for up to its 5 s keep-alive timeout)."""
-    time.sleep(settle)
-    return scrape(base).value("vt:event_loop_tasks")
+def idle_tasks(base: str, steady: float = 1.0, timeout: float = 6.0) -> float:
+    """The idle task count: the first value that holds for `steady` seconds (hypercorn keeps a
+    closed connection's tasks for up to its 5 s keep-alive timeout, so a connection other than
+    the scraper's shows as a count that is still falling)."""
+    deadline = time.monotonic() + timeout
+    count, since = scrape(base).value("vt:event_loop_tasks"), time.monotonic()
+    while time.monotonic() - since < steady and time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = scrape(base).value("vt:event_loop_tasks")
+        if now != count:
+            count, since = now, time.monotonic()
+    return count

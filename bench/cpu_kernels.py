@@ -1,5 +1,5 @@
 """The CPU linear kernel's GMAC/s at the default model's shapes, by batch and threads:
-    python -m bench.cpu_kernels [--json]
+python -m bench.cpu_kernels [--json]
 """
 
 import argparse

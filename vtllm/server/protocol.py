@@ -280,8 +280,8 @@ class RequestDecoder:
 
     The body is decoded first by a copy of the Struct that forbids unknown fields: a body
     without one (nearly all) costs the one decode it always did. Only a body that holds one
-    is decoded again, leniently, and its keys listed (a skip over the values): two or three
-    passes, paid by that request alone (BENCHMARKS.md, "Request decoding").
+    is decoded again, leniently, and its keys listed (a skip over the values): up to three
+    passes over the body, paid by that request alone.
     """
 
     def __init__(self, struct: type):

@@ -28,9 +28,10 @@ serve: venv
 
 LINTED := vtllm tests loadtest bench tools
 # The CUDA kernels under numba's simulator: it must be on before numba.cuda is imported, so the
-# simulator runs are pytest processes of their own. --kernel-coverage fails a run in which some
-# module of vtllm/kernels/cuda had none of its kernels called.
-CUDASIM := NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q --kernel-coverage -m
+# simulator runs are pytest processes of their own, spread over the machine's cores (the simulator
+# holds the GIL). --kernel-coverage fails a run in which some module of vtllm/kernels/cuda had
+# none of its kernels called.
+CUDASIM := NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n auto --kernel-coverage -m
 
 # Lint, the CPU suite (engine, server, reliability, a short soak) and the simulator's smoke cases.
 test: venv
@@ -39,9 +40,9 @@ test: venv
 	$(PY) -m pytest -q --ignore=tests/kernels_cuda
 	$(CUDASIM) 'cudasim and smoke' tests/kernels_cuda
 
-# Every simulator case, spread over the machine's cores (the simulator holds the GIL).
+# Every simulator case.
 test-cudasim: venv
-	$(CUDASIM) cudasim -n auto tests/kernels_cuda
+	$(CUDASIM) cudasim tests/kernels_cuda
 
 # The CUDA extra, and torch + HF transformers (the GPU benchmark's ceilings and HF peer, the HF
 # reference tests).

@@ -9,7 +9,6 @@ from vtllm.errors import InvalidParameter, VtllmError
 from vtllm.models.chat_template import render_chat
 from vtllm.models.loader import LoadedModel
 from vtllm.outputs import CompletionOutput, RequestOutput
-from vtllm.scheduler.request import Request
 from vtllm.scheduler.sampling_params import SamplingParams
 
 
@@ -142,8 +141,8 @@ class LLM:
         try:
             for child in range(params.n):
                 seed = None if params.seed is None else params.seed + child
-                request = Request(self.loop.new_request_id(), list(ids), params, seed=seed)
-                collectors.append((request.request_id, self.loop.add(request)))
+                request_id = self.loop.new_request_id()
+                collectors.append((request_id, self.loop.add(request_id, ids, params, seed=seed)))
         except VtllmError:
             for request_id, _ in collectors:
                 self.loop.abort(request_id)

@@ -14,7 +14,6 @@ from vtllm.engine.build import build_parts
 from vtllm.engine.loop import StepLoop
 from vtllm.models.loader import load_model
 from vtllm.models.synthetic import write_checkpoint
-from vtllm.scheduler.request import Request
 from vtllm.scheduler.sampling_params import SamplingParams
 
 NUM_REQUESTS = 72
@@ -84,7 +83,7 @@ async def _serve(loop: StepLoop, work):
         await tg.start(loop.run)
         async with anyio.create_task_group() as consumers:
             for request_id, prompt, params, abort_after in work:
-                collector = loop.add(Request(request_id, list(prompt), params))
+                collector = loop.add(request_id, prompt, params)
                 consumers.start_soon(consume, request_id, collector, abort_after)
         loop.stop()
     return results

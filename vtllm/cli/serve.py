@@ -26,7 +26,6 @@ def run_serve(args) -> int:
 
 
 async def _warm_then_serve(state, serve) -> None:
-    from vtllm.scheduler.request import Request
     from vtllm.scheduler.sampling_params import SamplingParams
 
     observer, state.loop.observer = state.loop.observer, None  # the warm-up is not traffic
@@ -38,7 +37,7 @@ async def _warm_then_serve(state, serve) -> None:
             log.warning("holding the warm-up for %.1fs (VT_DEBUG_WARMUP_DELAY_S)", delay)
             await anyio.sleep(delay)
         params = SamplingParams(max_tokens=2, logprobs=1, seed=0, top_p=0.9)
-        collector = state.loop.add(Request("warm-up", [1, 2, 3], params))
+        collector = state.loop.add("warm-up", [1, 2, 3], params)
         while not (await collector.get()).finished:
             pass
         state.loop.stop()

@@ -20,6 +20,7 @@ from vtllm.errors import VtllmError
 from vtllm.scheduler.output import ERROR, STOP, Delta
 from vtllm.scheduler.plan import TokenLogprobs
 from vtllm.scheduler.request import Request
+from vtllm.scheduler.sampling_params import SamplingParams
 
 log = logging.getLogger("vtllm.engine")
 
@@ -146,11 +147,23 @@ class StepLoop:
         return f"req-{next(self._ids)}"
 
     # -- called by request handlers (same thread) -------------------------------------------
-    def add(self, request: Request, mailbox: Mailbox | None = None, key=None) -> Mailbox:
+    def add(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        seed: int | None = None,
+        priority: int = 0,
+        mailbox: Mailbox | None = None,
+        key=None,
+    ) -> Mailbox:
         """Queue a request; raises a user error (nothing kept) if it can never run. Its updates
-        go to `mailbox` under `key` (a new Collector by default)."""
+        go to `mailbox` under `key` (a new Collector by default). The scheduler's Request is
+        built here: callers hand over its fields, never its state."""
         if self.dead is not None:
             raise EngineDeadError("the engine has failed; the server is restarting")
+        request = Request(request_id, list(prompt_ids), params, seed=seed, priority=priority)
         self.scheduler.add_request(request)
         mailbox = Collector() if mailbox is None else mailbox
         text = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling)

@@ -9,7 +9,6 @@ import uuid
 from dataclasses import dataclass, field
 
 from vtllm.engine.loop import Mailbox, StepLoop, Update
-from vtllm.scheduler.request import Request
 from vtllm.scheduler.sampling_params import SamplingParams
 
 
@@ -63,8 +62,15 @@ def submit(
                 seed = None if params.seed is None else params.seed + k
                 request_id = f"{sub.id}-{p}-{k}"
                 index = len(sub.choices)
-                request = Request(request_id, list(ids), params, seed=seed, priority=priority)
-                loop.add(request, sub.mailbox, index)
+                loop.add(
+                    request_id,
+                    ids,
+                    params,
+                    seed=seed,
+                    priority=priority,
+                    mailbox=sub.mailbox,
+                    key=index,
+                )
                 sub.choices.append(Choice(index, request_id, ids, k == 0))
     except BaseException:
         sub.abort_unfinished(loop)

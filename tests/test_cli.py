@@ -1,4 +1,5 @@
-"""The command line: one-line errors with exit code 2, and the README's knob table."""
+"""The command line: one-line errors with exit code 2, --version and --help, the kernel compile
+log, and the README's knob table."""
 
 import json
 import re
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from vtllm import __version__, config
 from vtllm.cli.show_config import knob_table_markdown
+from vtllm.cli.warmup import KernelCompileLog
 from vtllm.models.loader import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +38,9 @@ def test_readme_knob_table_is_generated_from_config():
     ("args", "needle"),
     [
         (["generate", "--model", "/nonexistent/model.gguf", "--prompt", "x"], "/nonexistent"),
+        (["generate", "/nonexistent/model.gguf", "--prompt", "x"], "/nonexistent"),
+        (["serve", "a.gguf", "--model", "b.gguf"], "two models given"),
+        (["warmup", "/nonexistent/model.gguf"], "/nonexistent"),
         (["generate", "--prompt", "x", "--temperature", "nan"], "temperature"),
         (["generate", "--prompt", "x", "--max-tokens", "0"], "max_tokens"),
         (["config", "--max-num-seqs", "0"], "max-num-seqs"),
@@ -76,3 +82,58 @@ def test_synth_writes_a_gguf_copy_when_asked(tmp_path):
     assert done.returncode == 0, done.stderr
     loaded = load_model(str(tmp_path / "m" / "model-f16.gguf"))
     assert loaded.config.architecture == "qwen3" and loaded.config.qk_norm
+
+
+def test_version():
+    done = _vtllm("--version")
+    assert done.returncode == 0 and done.stdout.strip() == __version__
+
+
+def test_every_knob_has_one_help_group():
+    grouped = [name for _, names in config.FLAG_GROUPS for name in names]
+    assert sorted(grouped) == sorted(k.name for k in config.KNOBS)
+
+
+def test_help_reads_well():
+    top = _vtllm("--help")
+    assert top.returncode == 0
+    for command in ("serve", "generate", "warmup", "bench", "synth", "config"):
+        assert f"    {command} " in top.stdout
+    assert "vtllm serve path/to/model.gguf" in top.stdout  # the examples
+    serve = _vtllm("serve", "--help")
+    assert serve.returncode == 0
+    assert serve.stdout.startswith("usage: vtllm serve [MODEL] [options]\n")
+    for title, _ in config.FLAG_GROUPS:
+        assert f"\n{title}:\n" in serve.stdout
+    assert "--max-model-len N " in serve.stdout and "VT_MAX_MODEL_LEN, default 4096" in serve.stdout
+    generate = _vtllm("generate", "--help")
+    assert "\nHTTP server:\n" not in generate.stdout and "--port" not in generate.stdout
+
+
+def test_compile_log_says_once_per_family(caplog):
+    import numba
+
+    @numba.njit
+    def tiny(x):
+        return x + 1
+
+    with caplog.at_level("INFO", logger="vtllm.kernels"), KernelCompileLog() as compiled:
+        tiny(1)
+        tiny(2)  # compiled once
+    lines = [r.getMessage() for r in caplog.records]
+    family = __name__.rsplit(".", 1)[-1]
+    assert "this happens once" in lines[0]
+    assert lines[1].startswith(f"compiled {family}: 1 kernel in ")
+    assert lines[2].startswith("compiled 1 kernel in ")
+    assert compiled.kernels == 1
+    caplog.clear()
+    with caplog.at_level("INFO", logger="vtllm.kernels"), KernelCompileLog():
+        tiny(3)  # nothing new to compile: nothing said
+    assert caplog.records == []
+
+
+def test_warmup_fills_the_cache_and_says_how_long(tmp_path):
+    done = _vtllm("warmup", "--kv-cache-memory", "16M", "--max-model-len", "256")
+    assert done.returncode == 0, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "done in" in last and "load" in last and "compile" in last, done.stderr

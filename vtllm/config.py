@@ -58,7 +58,7 @@ KNOBS = (
     ),
     Knob("served_model_name", "str", None, "model name clients use (default: the model's name)"),
     Knob("max_model_len", "int", 4096, "longest sequence (prompt + output) in tokens", 16, 1 << 20),
-    Knob("max_num_seqs", "int", 64, "requests decoded together (slots)", 1, 4096),
+    Knob("max_num_seqs", "int", 64, "requests decoded together", 1, 4096),
     Knob("max_num_batched_tokens", "int", 2048, "token budget of one step", 16, 1 << 20),
     Knob(
         "kv_cache_memory", "bytes", 0, "KV cache bytes (0: a fraction of free memory)", 0, 1 << 50
@@ -105,7 +105,7 @@ KNOBS = (
         "shadow_check_rate",
         "float",
         0.0,
-        "share of steps replayed synchronously to check depth 2",
+        "share of steps replayed synchronously to check the overlapped (depth 2) results",
         0.0,
         1.0,
     ),
@@ -336,8 +336,101 @@ def resolve(
     return EngineConfig(**values), sources
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    for knob in KNOBS:
-        parser.add_argument(
-            knob.flag, dest=knob.name, default=None, help=f"{knob.help} [{knob.env}]"
-        )
+# How --help groups the flags; every knob sits in exactly one group (tests/test_cli.py).
+FLAG_GROUPS = (
+    ("model", ("model", "served_model_name", "device")),
+    (
+        "engine",
+        (
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "kv_cache_memory",
+            "kv_cache_fraction",
+            "kv_cache_resident_memory",
+            "kv_cache_dtype",
+            "block_size",
+            "enable_prefix_caching",
+            "async_depth",
+            "shadow_check_rate",
+            "engine_iteration_timeout_s",
+        ),
+    ),
+    ("CPU", ("cpu_threads", "cpu_numerics")),
+    (
+        "CUDA",
+        (
+            "matmul_input_dtype",
+            "cuda_graphs",
+            "cuda_pdl",
+            "cuda_split_attention_rows",
+            "cuda_flash_prefill",
+            "cuda_prefill_gemm",
+        ),
+    ),
+    (
+        "HTTP server",
+        (
+            "host",
+            "port",
+            "api_key",
+            "cors_origins",
+            "max_body_bytes",
+            "server_max_prompt_chars",
+            "server_max_new_tokens",
+            "strict_request_fields",
+            "server_sse_ping_s",
+            "max_queued_requests",
+            "max_queued_prompt_tokens",
+            "drain_timeout_s",
+            "server_body_timeout_s",
+            "server_write_stall_timeout_s",
+            "server_send_buffer_bytes",
+        ),
+    ),
+    ("logging and debugging", ("log_level", "debug_faults", "debug_warmup_delay_s")),
+)
+
+
+def _metavar(knob: Knob) -> str:
+    if knob.choices:
+        return "{" + ",".join(knob.choices) + "}"
+    if knob.type == "bool":
+        return "{true,false}"
+    if knob.type == "bytes":
+        return "SIZE"  # parse_bytes: 4194304, 512M, 2GiB
+    if knob.type == "float":
+        return "SECONDS" if knob.name.endswith("_s") else "X"
+    if knob.type == "int":
+        return "N"
+    return knob.name.rsplit("_", 1)[-1].upper()
+
+
+def _shown_default(knob: Knob) -> str | None:
+    if knob.default is None or (knob.type == "bytes" and knob.default == 0):
+        return None  # the help says what happens by default
+    if knob.type == "bytes" and knob.default % (1 << 20) == 0:
+        return f"{knob.default >> 20}M"
+    if knob.type == "float":
+        return f"{knob.default:g}"
+    return str(knob.default).lower() if knob.type == "bool" else str(knob.default)
+
+
+def add_flags(parser: argparse.ArgumentParser, *, server: bool = True) -> None:
+    """One flag per knob, grouped as FLAG_GROUPS; `server=False` leaves out the HTTP server's
+    (commands that serve nothing; their VT_ variables are read all the same)."""
+    for title, names in FLAG_GROUPS:
+        if title == "HTTP server" and not server:
+            continue
+        group = parser.add_argument_group(title)
+        for name in names:
+            knob = KNOBS_BY_NAME[name]
+            default = _shown_default(knob)
+            where = f"env {knob.env}" + (f", default {default}" if default is not None else "")
+            group.add_argument(
+                knob.flag,
+                dest=knob.name,
+                default=None,
+                metavar=_metavar(knob),
+                help=f"{knob.help} [{where}]".replace("%", "%%"),
+            )

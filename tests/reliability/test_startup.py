@@ -76,7 +76,7 @@ def test_f17_nothing_answers_200_before_a_real_forward_has_worked():
         output = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0, output[-2000:]
     held = _log_time(output, "holding the warm-up")
-    warmed = _log_time(output, "warm-up forward done")
+    warmed = _log_time(output, "ready in")
     assert warmed - held >= HOLD_S - 0.01 and held >= spawned - 1
     early = [(k, o) for t, k, o in seen if t < warmed]
     assert len(early) >= 20, early  # the poller really asked during load and warm-up

@@ -1,23 +1,21 @@
 """`python -m vtllm generate`: stream a completion to the terminal."""
 
+import contextlib
 import sys
-
-from tqdm import tqdm
 
 from vtllm.cli import cli_settings
 from vtllm.scheduler.sampling_params import SamplingParams
 
 
 def load_llm(args, **overrides):
+    from vtllm.cli.warmup import KernelCompileLog
     from vtllm.llm import LLM
 
-    cli, _ = cli_settings(args)
-    with tqdm(total=2, desc="loading model", file=sys.stderr, leave=False) as bar:
+    cli, settings = cli_settings(args)
+    # Kernels compile inside LLM() (the kernel table) and its warm-up: one log line per family.
+    with KernelCompileLog() if settings.device == "cpu" else contextlib.nullcontext():
         llm = LLM(cli=cli, **overrides)
-        bar.update(1)
-        bar.set_description("compiling kernels")
         llm.warm_up()
-        bar.update(1)
     return llm
 
 

@@ -7,7 +7,6 @@ that cannot answer yet. A supervisor's readiness probe sees the same.
 
 import gc
 import logging
-import time
 
 import anyio
 
@@ -17,19 +16,28 @@ log = logging.getLogger("vtllm.server")
 
 
 def run_serve(args) -> int:
+    from vtllm.cli.warmup import StartupClock
     from vtllm.server.engine import build_state, serve
 
     _, engine_config = cli_settings(args)
-    state = build_state(engine_config)
-    anyio.run(_warm_then_serve, state, serve)
+    clock = StartupClock(engine_config, getattr(args, "started", None))
+    clock.listen()
+    try:
+        state = build_state(engine_config, phases=clock.phases)
+    except BaseException:
+        clock.stop_listening()
+        raise
+    anyio.run(_warm_then_serve, state, serve, clock)
     return 0
 
 
-async def _warm_then_serve(state, serve) -> None:
+async def warm_up(state, clock) -> None:
+    """One real forward through the step loop, compiling what the kernel table left to the
+    first call; the step loop's observer (metrics) does not see it."""
     from vtllm.scheduler.sampling_params import SamplingParams
 
     observer, state.loop.observer = state.loop.observer, None  # the warm-up is not traffic
-    started = time.perf_counter()
+    clock.warmup_starts()
     async with anyio.create_task_group() as tg:  # compile kernels before taking traffic
         await tg.start(state.loop.run)
         delay = state.config.debug_warmup_delay_s
@@ -43,10 +51,18 @@ async def _warm_then_serve(state, serve) -> None:
         state.loop.stop()
     state.loop.stopping = False
     state.loop.observer = observer
-    log.info("warm-up forward done in %.2fs", time.perf_counter() - started)
+    clock.warmup_done()
+
+
+async def _warm_then_serve(state, serve, clock) -> None:
+    try:
+        await warm_up(state, clock)
+    finally:
+        clock.stop_listening()
     # Everything made so far (the model, tokenizer, kernels, graphs) lives as long as the
     # server: out of the collector's sight, a full collection stops walking ~130k objects.
     # Each such pass would hold the event loop, and with it every stream and the step loop.
     gc.collect()
     gc.freeze()
+    log.info("%s", clock.summary())
     await serve(state)

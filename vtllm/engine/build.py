@@ -30,17 +30,30 @@ def set_cpu_threads(requested: int) -> int:
     return threads
 
 
-def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
-    """Returns (loaded model, scheduler, backend, max_model_len)."""
+def build_parts(
+    config: EngineConfig, loaded: LoadedModel | None = None, *, phases: dict | None = None
+):
+    """Returns (loaded model, scheduler, backend, max_model_len). `phases` gets the seconds
+    of each start-up phase by name (load, compile, KV allocation; on cuda, GPU set-up)."""
+    phases = {} if phases is None else phases
     started = time.perf_counter()
     loaded = loaded or load_model(config.model)
+    phases["load"] = time.perf_counter() - started
+    log.info(
+        "model %s: %.1f MiB of weights loaded in %.1fs",
+        loaded.name,
+        loaded.weights.nbytes / (1 << 20),
+        phases["load"],
+    )
     mc = loaded.config
     max_model_len = min(config.max_model_len, mc.max_position_embeddings)
     resident_blocks = 0  # the GPU cache is allocated up front: no cap on what stays cached
     if config.device == "cuda":
+        backend_started = time.perf_counter()
         backend, num_blocks = _cuda_backend(config, loaded, max_model_len)
+        phases["GPU set-up"] = time.perf_counter() - backend_started
     else:
-        backend, num_blocks = _cpu_backend(config, loaded, max_model_len)
+        backend, num_blocks = _cpu_backend(config, loaded, max_model_len, phases)
         resident_blocks = _cpu_resident_blocks(config, loaded, max_model_len, num_blocks)
     scheduler = Scheduler(
         SchedulerConfig(
@@ -53,12 +66,6 @@ def build_parts(config: EngineConfig, loaded: LoadedModel | None = None):
             resident_blocks=resident_blocks,
             eos_token_ids=mc.eos_token_ids,
         )
-    )
-    log.info(
-        "model %s loaded: %.1f MiB of weights, ready in %.1fs",
-        loaded.name,
-        loaded.weights.nbytes / (1 << 20),
-        time.perf_counter() - started,
     )
     return loaded, scheduler, backend, max_model_len
 
@@ -73,8 +80,10 @@ def resolved_dtype(setting: str, device: str) -> str:
     return "bfloat16" if device == "cuda" else "float32"
 
 
-def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
-    ops = cpu_ops(config.cpu_numerics)
+def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int, phases: dict):
+    started = time.perf_counter()
+    ops = cpu_ops(config.cpu_numerics)  # compiles the kernels, or loads them from numba's cache
+    phases["compile"] = time.perf_counter() - started
     if config.kv_cache_dtype == "bfloat16":  # auto is float32 here
         raise InvalidParameter(
             "kv_cache_dtype bfloat16 runs on the cuda device only; the cpu backend stores float32",
@@ -86,6 +95,7 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
             param="matmul_input_dtype",
         )
     threads = set_cpu_threads(config.cpu_threads)
+    started = time.perf_counter()
     num_blocks = num_kv_blocks(
         loaded.config,
         block_size=config.block_size,
@@ -94,6 +104,7 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
         free_bytes=free_host_memory(),
     )
     kv = allocate_kv_cache(loaded.config, num_blocks, config.block_size)
+    phases["KV allocation"] = time.perf_counter() - started
     runner = ModelRunner(
         loaded, ops, kv, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len
     )

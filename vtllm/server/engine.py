@@ -72,8 +72,8 @@ def _quiet_timed_out_connections(loop, context) -> None:
     loop.default_exception_handler(context)
 
 
-def build_state(config: EngineConfig) -> ServerState:
-    loaded, scheduler, backend, max_model_len = build_parts(config)
+def build_state(config: EngineConfig, *, phases: dict | None = None) -> ServerState:
+    loaded, scheduler, backend, max_model_len = build_parts(config, phases=phases)
     model_name = config.served_model_name or loaded.name
     _ = loaded.tokenizer.max_token_bytes  # computed once now (tens of ms), not on a request
     faults = None
@@ -109,6 +109,10 @@ async def serve(state: ServerState, *, ready=None) -> None:
     hconfig.user_timeout_s = 2 * config.server_write_stall_timeout_s + 1.0
     hconfig.bind = [f"{config.host}:{config.port}"]
     hconfig.accesslog = None
+    # hypercorn's logger through our handler (its own would print each line a second time),
+    # warnings and errors only: its one info line, "Running on", repeats our "serving on".
+    hconfig.errorlog = logging.getLogger("hypercorn.error")
+    hconfig.errorlog.setLevel(max(logging.WARNING, log.getEffectiveLevel()))
     hconfig.h11_max_incomplete_size = 64 * 1024  # request line + headers; beyond: 431
     # No read timeout: hypercorn applies it to every read of the connection, also while the
     # client silently waits for its answer, and on expiry hands the app an http.disconnect,

@@ -87,7 +87,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="measure speed on this machine")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    lat = bench_sub.add_parser("latency", help="prefill and decode speed, peak RSS")
+    lat = bench_sub.add_parser(
+        "latency", help="prefill and decode speed, peak RSS", usage="vtllm bench latency [options]"
+    )
     config.add_flags(lat, server=False)
     lat.add_argument("--prompt-len", type=int, default=512)
     lat.add_argument("--decode-len", type=int, default=64)
@@ -96,7 +98,11 @@ def _build_parser() -> argparse.ArgumentParser:
     lat.add_argument(
         "--peer-python", help="python of a venv with llama-cpp-python: measure llama.cpp too"
     )
-    thr = bench_sub.add_parser("throughput", help="offline throughput over many requests")
+    thr = bench_sub.add_parser(
+        "throughput",
+        help="offline throughput over many requests",
+        usage="vtllm bench throughput [options]",
+    )
     config.add_flags(thr, server=False)
     thr.add_argument("--num-prompts", type=int, default=64)
     thr.add_argument("--input-len", type=int, default=128)
@@ -123,7 +129,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--gguf", action="store_true", help="also OUT/model-f16.gguf, a GGUF copy for llama.cpp"
     )
 
-    cfg = sub.add_parser("config", help="print every setting, its value and where it came from")
+    cfg = sub.add_parser(
+        "config",
+        help="print every setting, its value and where it came from",
+        usage="vtllm config [options]",
+    )
     config.add_flags(cfg)
     cfg.add_argument("--markdown", action="store_true", help="print the README's knob table")
     return parser

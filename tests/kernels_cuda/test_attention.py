@@ -116,8 +116,9 @@ def test_bf16_cache_matches_reference(rng, case, path):
         return host(out)
 
     got = run(**kw[path])
-    ref = paged_attention_ref(q, bf16_values(ref_kc), bf16_values(ref_vc), tables, seq_lens, qsl,
-                              d**-0.5)  # fmt: skip
+    ref = paged_attention_ref(
+        q, bf16_values(ref_kc), bf16_values(ref_vc), tables, seq_lens, qsl, d**-0.5
+    )
     live = qsl[-1]
     np.testing.assert_allclose(got[:live], ref[:live], rtol=0, atol=2e-5)
     assert np.isnan(got[live:]).all(), "rows past every sequence must stay unwritten"
@@ -162,17 +163,30 @@ def test_decode_batches_of_min_rows_run_the_ring_kernel(rng, monkeypatch):
     rows, the ring kernel from there on; both match the reference."""
     ran = []
     for mod in (attention_split, attention_ring):
-        monkeypatch.setattr(mod, "split_attention",
-                            lambda *a, _mod=mod, _run=mod.split_attention, **kw:
-                            (ran.append(_mod), _run(*a, **kw)))  # fmt: skip
+        monkeypatch.setattr(
+            mod,
+            "split_attention",
+            lambda *a, _mod=mod, _run=mod.split_attention, **kw: (ran.append(_mod), _run(*a, **kw)),
+        )
     hq, hk, d, bs = 4, 2, 16, 4
-    for rows, want in ((attention_ring.MIN_ROWS - 1, attention_split),
-                       (attention_ring.MIN_ROWS, attention_ring)):  # fmt: skip
+    for rows, want in (
+        (attention_ring.MIN_ROWS - 1, attention_split),
+        (attention_ring.MIN_ROWS, attention_ring),
+    ):
         k_cache, v_cache, tables, seq_lens, qsl, _ = build(rng, hk, d, bs, [(1, 9)] * rows, 0)
         q = rng.standard_normal((rows, hq, d)).astype(np.float32)
         out = poisoned((rows, hq, d))
-        paged_attention(dev(q), dev(k_cache), dev(v_cache), dev(tables), dev(seq_lens),
-                        dev(qsl), 0.25, out, scratch=make_scratch(rows, hq, d, 16))  # fmt: skip
+        paged_attention(
+            dev(q),
+            dev(k_cache),
+            dev(v_cache),
+            dev(tables),
+            dev(seq_lens),
+            dev(qsl),
+            0.25,
+            out,
+            scratch=make_scratch(rows, hq, d, 16),
+        )
         assert ran.pop() is want and not ran
         ref = paged_attention_ref(q, k_cache, v_cache, tables, seq_lens, qsl, 0.25)
         np.testing.assert_allclose(host(out), ref, rtol=0, atol=2e-5)
@@ -180,8 +194,7 @@ def test_decode_batches_of_min_rows_run_the_ring_kernel(rng, monkeypatch):
 
 @pytest.mark.parametrize("kv", ["float32", "bfloat16"])
 @pytest.mark.parametrize("head", [4, 6])
-def test_a_step_longer_than_the_scratch_splits_its_rows_between_kernels(rng, kv, head,
-                                                                        monkeypatch):  # fmt: skip
+def test_a_step_longer_than_the_scratch_splits_its_rows_between_kernels(rng, kv, head, monkeypatch):
     """Decodes with prompts beside them and more rows than the scratch: its first rows go
     through the ring kernel (here one row ends mid-prompt), the rest through the prefill
     kernel: the reference, and the same bits as the prefill kernel alone."""
@@ -194,8 +207,9 @@ def test_a_step_longer_than_the_scratch_splits_its_rows_between_kernels(rng, kv,
     q = (rng.standard_normal((t, hq, d)) * 2).astype(np.float32)
     meta = dev(tables), dev(seq_lens), dev(qsl)
     ran, launch = [], attention_ring._launch
-    monkeypatch.setattr(attention_ring, "_launch",
-                        lambda *a: (ran.append(a[8].shape[0]), launch(*a)))  # fmt: skip
+    monkeypatch.setattr(
+        attention_ring, "_launch", lambda *a: (ran.append(a[8].shape[0]), launch(*a))
+    )
 
     def run(scratch):
         out = poisoned((t, hq, d))
@@ -218,8 +232,9 @@ def test_skips_inconsistent_sequences(rng):
     tables[1, 0] = 99  # a block outside the cache
     q = rng.standard_normal((3, 1, 8)).astype(np.float32)
     out = poisoned((3, 1, 8))
-    paged_attention(dev(q), dev(k_cache), dev(v_cache), dev(tables), dev(seq_lens), dev(qsl),
-                    0.3, out)  # fmt: skip
+    paged_attention(
+        dev(q), dev(k_cache), dev(v_cache), dev(tables), dev(seq_lens), dev(qsl), 0.3, out
+    )
     got = host(out)
     ref = paged_attention_ref(q[:2], k_cache, v_cache, tables[:1], seq_lens[:1], qsl[:2], 0.3)
     np.testing.assert_allclose(got[:2], ref[:2], atol=2e-5)
@@ -241,8 +256,7 @@ def test_a_bad_entry_late_in_a_prompt_skips_only_the_rows_that_reach_it(rng):
         outs.append(host(out))
     np.testing.assert_array_equal(outs[0], outs[1])
     assert np.isnan(outs[0][5:7]).all() and not np.isnan(outs[0][:5]).any()
-    ref = paged_attention_ref(q[7:], k_cache, v_cache, tables[1:], seq_lens[1:], qsl[1:] - 7,
-                              0.3)  # fmt: skip
+    ref = paged_attention_ref(q[7:], k_cache, v_cache, tables[1:], seq_lens[1:], qsl[1:] - 7, 0.3)
     np.testing.assert_allclose(outs[0][7:], ref, atol=2e-5)
 
 
@@ -257,8 +271,13 @@ def test_rejects_bad_shapes(rng):
     with pytest.raises(ValueError, match="shapes do not match"):  # Hq % Hk != 0
         paged_attention(q, cache, cache, *meta, 1.0, poisoned((2, 3, 8)))
     with pytest.raises(ValueError, match="slot_mapping"):
-        write_kv(dev(np.ones((2, 2, 8), np.float32)), dev(np.ones((2, 2, 8), np.float32)),
-                 cache, cache, dev(np.zeros(3, np.int32)))  # fmt: skip
+        write_kv(
+            dev(np.ones((2, 2, 8), np.float32)),
+            dev(np.ones((2, 2, 8), np.float32)),
+            cache,
+            cache,
+            dev(np.zeros(3, np.int32)),
+        )
     q2 = dev(np.ones((2, 2, 8), np.float32))
     with pytest.raises(ValueError, match="float32 or uint16"):  # a cache of another dtype
         half = dev(np.ones((4, 4, 2, 8), np.float16))

@@ -34,9 +34,17 @@ def bf16_round(x):
 def run(q, k_cache, v_cache, tables, seq_lens, qsl, first_token=0):
     t, hq, d = q.shape
     out = poisoned((t, hq, d))
-    attention_flash.flash_prefill(dev(q), dev(k_cache), dev(v_cache), dev(tables),
-                                  dev(seq_lens), dev(qsl), d**-0.5, out,
-                                  first_token=first_token)  # fmt: skip
+    attention_flash.flash_prefill(
+        dev(q),
+        dev(k_cache),
+        dev(v_cache),
+        dev(tables),
+        dev(seq_lens),
+        dev(qsl),
+        d**-0.5,
+        out,
+        first_token=first_token,
+    )
     return host(out)
 
 
@@ -49,8 +57,9 @@ def problem(rng, case):
 
 def reference(q, k_cache, v_cache, tables, seq_lens, qsl):
     d = q.shape[2]
-    return paged_attention_ref(bf16_round(q), bf16_values(k_cache), bf16_values(v_cache), tables,
-                               seq_lens, qsl, d**-0.5)  # fmt: skip
+    return paged_attention_ref(
+        bf16_round(q), bf16_values(k_cache), bf16_values(v_cache), tables, seq_lens, qsl, d**-0.5
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"hq{c[0]}-hk{c[1]}-d{c[2]}-bs{c[3]}")
@@ -82,8 +91,9 @@ def test_a_rows_bits_do_not_depend_on_the_step(rng):
     alone = run(q[mine], k_cache, v_cache, tables[1:], seq_lens[1:], np.array([0, 30], np.int32))
     np.testing.assert_array_equal(alone, both[mine])
     # its last 13 tokens as a chunk (the first 17 already in the cache)
-    chunk = run(q[mine][17:], k_cache, v_cache, tables[1:], seq_lens[1:],
-                np.array([0, 13], np.int32))  # fmt: skip
+    chunk = run(
+        q[mine][17:], k_cache, v_cache, tables[1:], seq_lens[1:], np.array([0, 13], np.int32)
+    )
     np.testing.assert_array_equal(chunk, both[mine][17:])
 
 

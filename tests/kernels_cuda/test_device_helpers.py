@@ -66,8 +66,12 @@ def test_kv_copies_into_shared_memory_read_back_as_stored(rng, kv):
 
 
 def test_uniform_matches_cpu_bits(rng):
-    seeds = np.concatenate([rng.integers(0, 2**63, 40, dtype=np.uint64) * np.uint64(2),
-                            np.array([0, 2**64 - 1], np.uint64)])  # fmt: skip
+    seeds = np.concatenate(
+        [
+            rng.integers(0, 2**63, 40, dtype=np.uint64) * np.uint64(2),
+            np.array([0, 2**64 - 1], np.uint64),
+        ]
+    )
     positions = rng.integers(0, 1 << 20, seeds.size).astype(np.int32)
     out = poisoned(seeds.size, np.float64)
     _uniform_kernel[2, 32](dev(seeds), dev(positions), out)

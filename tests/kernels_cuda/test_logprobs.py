@@ -20,8 +20,9 @@ V = 257 if SIMULATOR else 152064
 
 
 def poisoned_logprobs(n, width=MAX_TOP_LOGPROBS):
-    return LogprobsOut(poisoned(n), poisoned(n, np.int32), poisoned((n, width), np.int32),
-                       poisoned((n, width)))  # fmt: skip
+    return LogprobsOut(
+        poisoned(n), poisoned(n, np.int32), poisoned((n, width), np.int32), poisoned((n, width))
+    )
 
 
 def assert_close_logprobs(got, want, rows):
@@ -50,12 +51,28 @@ def test_sample_logprobs_match_cpu(rng):
     logits[4, 100:] = -np.inf
     lp = poisoned_logprobs(len(slots))
     out = poisoned(len(slots), np.int32)
-    sample(dev(logits), dev(slots), dev(positions), device_table(table), dev(token_ids),
-           dev(num_tokens), out, out_logprobs=lp)  # fmt: skip
+    sample(
+        dev(logits),
+        dev(slots),
+        dev(positions),
+        device_table(table),
+        dev(token_ids),
+        dev(num_tokens),
+        out,
+        out_logprobs=lp,
+    )
     want = CpuLogprobsOut.create(len(slots))
     cpu_tokens = np.empty(len(slots), np.int32)
-    cpu_sample(logits, slots, positions, table, token_ids.copy(), num_tokens.copy(), cpu_tokens,
-               out_logprobs=want)  # fmt: skip
+    cpu_sample(
+        logits,
+        slots,
+        positions,
+        table,
+        token_ids.copy(),
+        num_tokens.copy(),
+        cpu_tokens,
+        out_logprobs=want,
+    )
     np.testing.assert_array_equal(host(out), cpu_tokens)
     with_lp = [0, 2, 3, 5]  # slots 1, 0, 3, 4
     got = assert_close_logprobs(lp, want, with_lp)

@@ -55,8 +55,10 @@ def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta, fused_by=attention_s
     cos_sin = rng.uniform(-1, 1, (MAX_POS, d)).astype(np.float32)
     norms = {}
     if norm:
-        norms = {"q_norm": dev(rng.uniform(0.5, 1.5, d).astype(np.float32)),
-                 "k_norm": dev(rng.uniform(0.5, 1.5, d).astype(np.float32))}  # fmt: skip
+        norms = {
+            "q_norm": dev(rng.uniform(0.5, 1.5, d).astype(np.float32)),
+            "k_norm": dev(rng.uniform(0.5, 1.5, d).astype(np.float32)),
+        }
     m = {name: dev(a) for name, a in meta.items()}
     scratch = make_scratch(t, hq, d, MAX_POS)
     scale, eps = d**-0.5, 1e-6
@@ -64,16 +66,38 @@ def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta, fused_by=attention_s
     for fused in (False, True):
         kc, vc, out = dev(k_cache), dev(v_cache), poisoned((t, hq, d))
         if fused:
-            fused_by.rope_attention(dev(qkv), kc, vc, m["slot_mapping"], m["positions"],
-                                    dev(cos_sin), eps, m["block_tables"], m["seq_lens"],
-                                    m["query_start_loc"], scale, out, scratch,
-                                    **norms)  # fmt: skip
+            fused_by.rope_attention(
+                dev(qkv),
+                kc,
+                vc,
+                m["slot_mapping"],
+                m["positions"],
+                dev(cos_sin),
+                eps,
+                m["block_tables"],
+                m["seq_lens"],
+                m["query_start_loc"],
+                scale,
+                out,
+                scratch,
+                **norms,
+            )
         else:
             q = poisoned((t, hq, d))
-            qkv_rope(dev(qkv), q, kc, vc, m["slot_mapping"], m["positions"], dev(cos_sin), eps,
-                     **norms)  # fmt: skip
-            paged_attention(q, kc, vc, m["block_tables"], m["seq_lens"], m["query_start_loc"],
-                            scale, out, scratch=scratch)  # fmt: skip
+            qkv_rope(
+                dev(qkv), q, kc, vc, m["slot_mapping"], m["positions"], dev(cos_sin), eps, **norms
+            )
+            paged_attention(
+                q,
+                kc,
+                vc,
+                m["block_tables"],
+                m["seq_lens"],
+                m["query_start_loc"],
+                scale,
+                out,
+                scratch=scratch,
+            )
         results.append((host(out), host(kc), host(vc)))
     return results
 
@@ -84,8 +108,9 @@ if SIMULATOR:  # any two factors meet in each pair of their values (~40 s a case
     CASES = [(0, "split", 0, 0), (0, "ring", 1, 1), (1, "split", 1, 1), (1, "ring", 0, 0)]
     CASES += [(2, "split", 0, 1), (2, "ring", 1, 0)]
 else:
-    CASES = [(s, m, kv, t) for s in range(len(SHAPES)) for m in MODULES for kv in (0, 1)
-             for t in (0, 1)]  # fmt: skip
+    CASES = [
+        (s, m, kv, t) for s in range(len(SHAPES)) for m in MODULES for kv in (0, 1) for t in (0, 1)
+    ]
 CASES = [(SHAPES[s], KVS[kv], TARGETS[t], m) for s, m, kv, t in CASES]
 
 
@@ -102,8 +127,9 @@ def test_same_bits_as_qkv_rope_then_attention(rng, shape, kv, target, module, mo
     hq, hk, d, norm = shape
     contexts = [1, 33, 130]  # the new key alone; first of a second split; in the fifth
     k_cache, v_cache, meta = decode_step(rng, hk, d, contexts, kv)
-    (out, kc, vc), (f_out, f_kc, f_vc) = both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta,
-                                                   module)  # fmt: skip
+    (out, kc, vc), (f_out, f_kc, f_vc) = both_ways(
+        rng, hq, hk, d, norm, k_cache, v_cache, meta, module
+    )
     np.testing.assert_array_equal(f_kc, kc)
     np.testing.assert_array_equal(f_vc, vc)
     np.testing.assert_array_equal(f_out, out)
@@ -127,8 +153,9 @@ def test_leaves_rows_it_cannot_serve_unwritten(rng, module):
     meta["slot_mapping"] = np.concatenate([[slot48], meta["slot_mapping"][:4]]).astype(np.int32)
     meta["positions"] = np.concatenate([[48], meta["positions"][:4]]).astype(np.int32)
     tables[2, 1] = k_cache.shape[0] + 5  # sequence 2 (row 3): keys 16.. outside the cache
-    (out, kc, vc), (f_out, f_kc, f_vc) = both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta,
-                                                   module)  # fmt: skip
+    (out, kc, vc), (f_out, f_kc, f_vc) = both_ways(
+        rng, hq, hk, d, norm, k_cache, v_cache, meta, module
+    )
     assert np.isnan(f_out[[0, 1, 3, 4]]).all()
     np.testing.assert_array_equal(f_out[2], out[2])
     for row in (2, 3):  # the one-token sequences' new keys, written by both
@@ -150,9 +177,21 @@ def test_rejects_what_it_cannot_take(rng):
     fits = make_scratch(t, hq, d, 64)
 
     def call(qkv=qkv, scratch=fits, out=None):
-        rope_attention(qkv, kc, vc, m["slot_mapping"], m["positions"], cos_sin, 1e-6,
-                       m["block_tables"], m["seq_lens"], m["query_start_loc"], 0.1,
-                       poisoned((t, hq, d)) if out is None else out, scratch)  # fmt: skip
+        rope_attention(
+            qkv,
+            kc,
+            vc,
+            m["slot_mapping"],
+            m["positions"],
+            cos_sin,
+            1e-6,
+            m["block_tables"],
+            m["seq_lens"],
+            m["query_start_loc"],
+            0.1,
+            poisoned((t, hq, d)) if out is None else out,
+            scratch,
+        )
 
     with pytest.raises(ValueError, match="scratch"):
         call(scratch=None)

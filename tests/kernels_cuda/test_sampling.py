@@ -19,10 +19,18 @@ pytestmark = pytest.mark.cudasim
 V = 300 if SIMULATOR else 152064  # Qwen's vocabulary on the GPU
 SLOTS, MAX_LEN = 10, 64
 NEUTRAL = dict(
-    top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
-    repetition_penalty=1.0, min_tokens=0, num_logprobs=None, prompt_len=4, logit_bias=None,
+    top_k=0,
+    top_p=1.0,
+    min_p=0.0,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+    repetition_penalty=1.0,
+    min_tokens=0,
+    num_logprobs=None,
+    prompt_len=4,
+    logit_bias=None,
     min_stop_ids=[],
-)  # fmt: skip
+)
 
 
 def make_case(rng, settings, vocab=V, history=None, slots=SLOTS):
@@ -38,8 +46,16 @@ def make_case(rng, settings, vocab=V, history=None, slots=SLOTS):
 def run_device(logits, slots, positions, table, token_ids, num_tokens, scratch=None):
     ids_dev, num_dev = dev(token_ids), dev(num_tokens)
     out = poisoned(len(slots), np.int32)
-    sample(dev(logits), dev(slots), dev(positions), device_table(table), ids_dev, num_dev, out,
-           scratch=scratch)  # fmt: skip
+    sample(
+        dev(logits),
+        dev(slots),
+        dev(positions),
+        device_table(table),
+        ids_dev,
+        num_dev,
+        out,
+        scratch=scratch,
+    )
     return host(out), host(ids_dev), host(num_dev)
 
 
@@ -65,10 +81,16 @@ def assert_matches_cpu_and_reference(logits, slots, positions, table, token_ids,
 
 
 def test_greedy_and_temperature_match_reference_and_cpu(rng):
-    settings = {0: dict(temperature=0.0), 1: dict(temperature=0.7), 2: dict(temperature=1.0),
-                3: dict(temperature=1.6, seed=2**64 - 5), 5: dict(temperature=0.0),
-                6: dict(temperature=0.3), 8: dict(temperature=0.8, top_k=3, top_p=0.5),
-                9: dict(temperature=0.8)}  # fmt: skip
+    settings = {
+        0: dict(temperature=0.0),
+        1: dict(temperature=0.7),
+        2: dict(temperature=1.0),
+        3: dict(temperature=1.6, seed=2**64 - 5),
+        5: dict(temperature=0.0),
+        6: dict(temperature=0.3),
+        8: dict(temperature=0.8, top_k=3, top_p=0.5),
+        9: dict(temperature=0.8),
+    }
     table, token_ids, num_tokens = make_case(rng, settings)
     slots = np.array([3, 0, -1, 1, 5, 2, 6, 8, 9], np.int32)  # -1: padding
     positions = np.array([20, 21, 5, 22, 30, 20, 63, 20, 20], np.int32)
@@ -77,8 +99,7 @@ def test_greedy_and_temperature_match_reference_and_cpu(rng):
     logits[4, :] = -np.inf
     logits[4, [11, 12]] = 0.5
     logits[7:, :] = -np.inf  # nothing finite: token 0, as the CPU
-    got = assert_matches_cpu_and_reference(logits, slots, positions, table, token_ids,
-                                           num_tokens)  # fmt: skip
+    got = assert_matches_cpu_and_reference(logits, slots, positions, table, token_ids, num_tokens)
     assert got[1] == 7 and got[4] == 11 and got[2] == -1 and (got[7:] == 0).all()
 
 
@@ -97,8 +118,15 @@ def test_draws_follow_the_distribution(rng):
         slots_dev = dev(np.zeros(1, np.int32))
         out = poisoned(1, np.int32)
         for pos in range(n):
-            sample(logits_dev, slots_dev, dev(np.array([pos], np.int32)), table_dev, ids_dev,
-                   num_dev, out)  # fmt: skip
+            sample(
+                logits_dev,
+                slots_dev,
+                dev(np.array([pos], np.int32)),
+                table_dev,
+                ids_dev,
+                num_dev,
+                out,
+            )
         seen = host(ids_dev)[0].tolist()
         assert host(num_dev)[0] == n and host(out)[0] == seen[-1]
         assert seen == [int(cpu) for cpu in _cpu_draws(logits, table, n)]
@@ -119,9 +147,10 @@ def _cpu_draws(logits, table, n):
 
 def test_deterministic_and_scratch_counts_left_zero(rng):
     """The same inputs twice give the same tokens; the penalty counts go back to zero."""
-    settings = {0: dict(temperature=1.1, repetition_penalty=1.4, frequency_penalty=0.3,
-                        top_p=0.7),
-                1: dict(temperature=0.9, presence_penalty=0.6, min_p=0.05, top_k=9)}  # fmt: skip
+    settings = {
+        0: dict(temperature=1.1, repetition_penalty=1.4, frequency_penalty=0.3, top_p=0.7),
+        1: dict(temperature=0.9, presence_penalty=0.6, min_p=0.05, top_k=9),
+    }
     table, token_ids, num_tokens = make_case(rng, settings, history=12)
     slots, positions = np.array([1, 0], np.int32), np.array([40, 33], np.int32)
     logits = grid_logits(rng, 2)
@@ -131,8 +160,9 @@ def test_deterministic_and_scratch_counts_left_zero(rng):
     second = run_device(logits, slots, positions, table, token_ids, num_tokens, scratch)[0]
     np.testing.assert_array_equal(first, second)
     assert not host(scratch.counts).any()
-    np.testing.assert_array_equal(first, run_cpu(logits, slots, positions, table, token_ids,
-                                                 num_tokens)[0])  # fmt: skip
+    np.testing.assert_array_equal(
+        first, run_cpu(logits, slots, positions, table, token_ids, num_tokens)[0]
+    )
 
 
 def test_rejects_bad_arguments(rng):
@@ -142,11 +172,33 @@ def test_rejects_bad_arguments(rng):
     with pytest.raises(ValueError, match="device array"):
         sample(logits, two, two, table, dev(token_ids), dev(num_tokens), poisoned(2, np.int32))
     with pytest.raises(ValueError, match="out_tokens"):
-        sample(logits, two, two, device_table(table), dev(token_ids), dev(num_tokens),
-               poisoned(3, np.int32))  # fmt: skip
+        sample(
+            logits,
+            two,
+            two,
+            device_table(table),
+            dev(token_ids),
+            dev(num_tokens),
+            poisoned(3, np.int32),
+        )
     with pytest.raises(ValueError, match="scratch has 1 rows"):
-        sample(logits, two, two, device_table(table), dev(token_ids), dev(num_tokens),
-               poisoned(2, np.int32), scratch=SamplerScratch.create(1, V))  # fmt: skip
+        sample(
+            logits,
+            two,
+            two,
+            device_table(table),
+            dev(token_ids),
+            dev(num_tokens),
+            poisoned(2, np.int32),
+            scratch=SamplerScratch.create(1, V),
+        )
     with pytest.raises(ValueError, match="vocabulary of 262145"):
-        sample(dev(np.zeros((2, 2**18 + 1), np.float32)), two, two, device_table(table),
-               dev(token_ids), dev(num_tokens), poisoned(2, np.int32))  # fmt: skip
+        sample(
+            dev(np.zeros((2, 2**18 + 1), np.float32)),
+            two,
+            two,
+            device_table(table),
+            dev(token_ids),
+            dev(num_tokens),
+            poisoned(2, np.int32),
+        )

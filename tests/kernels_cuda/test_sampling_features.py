@@ -27,35 +27,62 @@ pytestmark = pytest.mark.cudasim
 HISTORY = 16  # the mirror holds ids below this, so they repeat; their logits get a lift
 
 CASES = {
-    "top_k": [dict(top_k=1), dict(top_k=5, temperature=1.5), dict(top_k=V - 1, temperature=2),
-              dict(top_k=V + 7, temperature=2)],
-    "top_p": [dict(top_p=1e-6, temperature=3.0), dict(top_p=0.9, temperature=1.3),
-              dict(top_p=0.5, temperature=2.5), dict(top_p=0.05, temperature=4.0)],
-    "min_p": [dict(min_p=0.1, temperature=2.0), dict(min_p=0.5, temperature=4.0),
-              dict(min_p=0.02, top_k=10, temperature=3.0), dict(min_p=0.9, temperature=0.9)],
-    "combined": [dict(top_k=20, top_p=0.8, min_p=0.02, temperature=2.0),
-                 dict(top_k=3, top_p=0.3, temperature=5.0),
-                 dict(top_k=50, top_p=0.95, min_p=0.01, temperature=1.7,
-                      repetition_penalty=1.3, logit_bias={3: 5.0, 9: -np.inf}),
-                 dict(top_p=0.7, temperature=2.2, frequency_penalty=0.5, presence_penalty=0.5)],
-    "repetition": [dict(temperature=0.0, repetition_penalty=1.8),
-                   dict(temperature=0.0, repetition_penalty=0.6),
-                   dict(temperature=1.0, repetition_penalty=1.5),
-                   dict(temperature=0.0, repetition_penalty=2.5, prompt_len=0)],
-    "frequency_presence": [dict(temperature=0.0, frequency_penalty=1.2),
-                           dict(temperature=0.0, presence_penalty=2.5),
-                           dict(temperature=1.2, frequency_penalty=0.8, presence_penalty=-0.4),
-                           dict(temperature=0.0, frequency_penalty=2.0, prompt_len=30)],
-    "logit_bias": [dict(temperature=0.0, logit_bias="-inf on the top 3"),
-                   dict(temperature=0.0, logit_bias={7: 9.0, 8: 9.0}),
-                   dict(temperature=1.0, logit_bias="all but 4 to -inf"),
-                   dict(temperature=0.7, top_k=4, logit_bias={2: -3.5, 250 % V: 12.0})],
-    "min_tokens": [dict(temperature=0.0, min_tokens=100, min_stop_ids="top 2"),
-                   dict(temperature=0.0, min_tokens=3, min_stop_ids="top 2"),  # reached
-                   dict(temperature=1.0, min_tokens=100, min_stop_ids="top 1"),
-                   dict(temperature=0.0, min_tokens=100, min_stop_ids="top 1",
-                        logit_bias="-inf on the top 3")],
-}  # fmt: skip
+    "top_k": [
+        dict(top_k=1),
+        dict(top_k=5, temperature=1.5),
+        dict(top_k=V - 1, temperature=2),
+        dict(top_k=V + 7, temperature=2),
+    ],
+    "top_p": [
+        dict(top_p=1e-6, temperature=3.0),
+        dict(top_p=0.9, temperature=1.3),
+        dict(top_p=0.5, temperature=2.5),
+        dict(top_p=0.05, temperature=4.0),
+    ],
+    "min_p": [
+        dict(min_p=0.1, temperature=2.0),
+        dict(min_p=0.5, temperature=4.0),
+        dict(min_p=0.02, top_k=10, temperature=3.0),
+        dict(min_p=0.9, temperature=0.9),
+    ],
+    "combined": [
+        dict(top_k=20, top_p=0.8, min_p=0.02, temperature=2.0),
+        dict(top_k=3, top_p=0.3, temperature=5.0),
+        dict(
+            top_k=50,
+            top_p=0.95,
+            min_p=0.01,
+            temperature=1.7,
+            repetition_penalty=1.3,
+            logit_bias={3: 5.0, 9: -np.inf},
+        ),
+        dict(top_p=0.7, temperature=2.2, frequency_penalty=0.5, presence_penalty=0.5),
+    ],
+    "repetition": [
+        dict(temperature=0.0, repetition_penalty=1.8),
+        dict(temperature=0.0, repetition_penalty=0.6),
+        dict(temperature=1.0, repetition_penalty=1.5),
+        dict(temperature=0.0, repetition_penalty=2.5, prompt_len=0),
+    ],
+    "frequency_presence": [
+        dict(temperature=0.0, frequency_penalty=1.2),
+        dict(temperature=0.0, presence_penalty=2.5),
+        dict(temperature=1.2, frequency_penalty=0.8, presence_penalty=-0.4),
+        dict(temperature=0.0, frequency_penalty=2.0, prompt_len=30),
+    ],
+    "logit_bias": [
+        dict(temperature=0.0, logit_bias="-inf on the top 3"),
+        dict(temperature=0.0, logit_bias={7: 9.0, 8: 9.0}),
+        dict(temperature=1.0, logit_bias="all but 4 to -inf"),
+        dict(temperature=0.7, top_k=4, logit_bias={2: -3.5, 250 % V: 12.0}),
+    ],
+    "min_tokens": [
+        dict(temperature=0.0, min_tokens=100, min_stop_ids="top 2"),
+        dict(temperature=0.0, min_tokens=3, min_stop_ids="top 2"),  # reached
+        dict(temperature=1.0, min_tokens=100, min_stop_ids="top 1"),
+        dict(temperature=0.0, min_tokens=100, min_stop_ids="top 1", logit_bias="-inf on the top 3"),
+    ],
+}
 
 
 def _resolve(kw, row):
@@ -81,11 +108,11 @@ def test_feature_matches_cpu(rng, feature):
     slots = np.array([2, -1, 0, 5, 3], np.int32)
     positions = np.array([24, 0, 20, 40, MAX_LEN - 1], np.int32)
     rows = {int(s): b for b, s in enumerate(slots) if s >= 0}
-    settings = {s: _resolve(kw, logits[rows[s]]) for s, kw in zip(rows, CASES[feature],
-                                                                   strict=True)}  # fmt: skip
+    settings = {
+        s: _resolve(kw, logits[rows[s]]) for s, kw in zip(rows, CASES[feature], strict=True)
+    }
     table, token_ids, num_tokens = make_case(rng, settings, history=HISTORY)
-    got = assert_matches_cpu_and_reference(logits, slots, positions, table, token_ids,
-                                           num_tokens)  # fmt: skip
+    got = assert_matches_cpu_and_reference(logits, slots, positions, table, token_ids, num_tokens)
     assert got[1] == -1
     plain = {s: {"temperature": kw["temperature"]} for s, kw in settings.items()}
     base = make_case(rng, plain, history=HISTORY)[0]
@@ -102,14 +129,18 @@ def test_ties_at_every_cut(rng):
     logits = (np.round(rng.standard_normal((4, V)) * 2) / 2).astype(np.float32)
     logits[3] = 0.5
     seed = next(s for s in range(100) if uniform(s, 20) > 0.7)
-    settings = {0: dict(temperature=1.0, top_k=7), 1: dict(temperature=2.0, top_p=0.4),
-                2: dict(temperature=1.5, top_k=30, top_p=0.6, min_p=0.2),
-                3: dict(temperature=1.0, top_k=4, top_p=0.5, seed=seed)}  # fmt: skip
+    settings = {
+        0: dict(temperature=1.0, top_k=7),
+        1: dict(temperature=2.0, top_p=0.4),
+        2: dict(temperature=1.5, top_k=30, top_p=0.6, min_p=0.2),
+        3: dict(temperature=1.0, top_k=4, top_p=0.5, seed=seed),
+    }
     table, token_ids, num_tokens = make_case(rng, settings)
     for pos in (20, 21):
         positions = np.full(4, pos, np.int32)
-        got = assert_matches_cpu_and_reference(logits, np.arange(4, dtype=np.int32), positions,
-                                               table, token_ids, num_tokens)  # fmt: skip
+        got = assert_matches_cpu_and_reference(
+            logits, np.arange(4, dtype=np.int32), positions, table, token_ids, num_tokens
+        )
         assert got[3] in (0, 1) and (pos != 20 or got[3] == 1)
 
 
@@ -120,10 +151,12 @@ def test_penalties_split_prompt_and_output(rng):
     logits = grid_logits(rng, 4, scale=0.5) - 8.0  # all negative; a, b, c lead
     a, b, c = 5, 6, 7
     logits[:, a], logits[:, b], logits[:, c] = -0.5, -1.0, -2.5
-    settings = {0: dict(temperature=0.0, presence_penalty=3.0, prompt_len=10),
-                1: dict(temperature=0.0, repetition_penalty=3.0, prompt_len=10),
-                2: dict(temperature=0.0, repetition_penalty=1.5, prompt_len=10),
-                3: dict(temperature=0.0, frequency_penalty=1.0, prompt_len=10)}  # fmt: skip
+    settings = {
+        0: dict(temperature=0.0, presence_penalty=3.0, prompt_len=10),
+        1: dict(temperature=0.0, repetition_penalty=3.0, prompt_len=10),
+        2: dict(temperature=0.0, repetition_penalty=1.5, prompt_len=10),
+        3: dict(temperature=0.0, frequency_penalty=1.0, prompt_len=10),
+    }
     table, token_ids, num_tokens = make_case(rng, settings)
     token_ids[:, :20] = 200 % V  # filler with a low logit
     logits[:, 200 % V] = -30.0
@@ -134,8 +167,9 @@ def test_penalties_split_prompt_and_output(rng):
     token_ids[3, [11, 12, 13]], token_ids[3, 17] = b, c  # b three times, c once
     logits[3, a], logits[3, c] = -30.0, -1.2  # b - 3 * 1.0 < c - 1.0 < b - 1.0
     positions = np.full(4, 20, np.int32)
-    got = assert_matches_cpu_and_reference(logits, np.arange(4, dtype=np.int32), positions,
-                                           table, token_ids, num_tokens)  # fmt: skip
+    got = assert_matches_cpu_and_reference(
+        logits, np.arange(4, dtype=np.int32), positions, table, token_ids, num_tokens
+    )
     np.testing.assert_array_equal(got, [a, b, c, c])
 
 
@@ -153,15 +187,22 @@ def test_random_mix_matches_cpu(rng):
         settings[s] = kw
     logits = grid_logits(rng, B)
     logits[:, :HISTORY] += 2.0
-    table, token_ids, num_tokens = make_case(rng, settings, history=HISTORY,
-                                             slots=int(slots.max()) + 1)  # fmt: skip
+    table, token_ids, num_tokens = make_case(
+        rng, settings, history=HISTORY, slots=int(slots.max()) + 1
+    )
     positions = rng.integers(10, MAX_LEN, B).astype(np.int32)
     assert_matches_cpu_and_reference(logits, slots, positions, table, token_ids, num_tokens)
 
 
 POOL = {
-    "top_k": [1, 4, 40], "top_p": [1e-6, 0.3, 0.9], "min_p": [0.05, 0.3],
-    "repetition_penalty": [0.7, 1.6], "frequency_penalty": [-0.5, 1.1],
-    "presence_penalty": [0.8], "logit_bias": [{1: -np.inf, 2: 6.0}], "prompt_len": [0, 12],
-    "min_tokens": [100], "min_stop_ids": [[0, 3]],
-}  # fmt: skip
+    "top_k": [1, 4, 40],
+    "top_p": [1e-6, 0.3, 0.9],
+    "min_p": [0.05, 0.3],
+    "repetition_penalty": [0.7, 1.6],
+    "frequency_penalty": [-0.5, 1.1],
+    "presence_penalty": [0.8],
+    "logit_bias": [{1: -np.inf, 2: 6.0}],
+    "prompt_len": [0, 12],
+    "min_tokens": [100],
+    "min_stop_ids": [[0, 3]],
+}

@@ -22,14 +22,38 @@ def test_the_table_reaches_the_device_whole_through_each_ring_slot():
     table = SamplingTable.create(5)
     staged = StagedSamplingTable(table, 3, stream)
     _device_matches(staged, table)  # the defaults, sent at creation
-    table.set_slot(1, temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=2**63 + 5,
-                   presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,
-                   min_tokens=3, num_logprobs=4, prompt_len=17, logit_bias={7: 2.5, 9: -100.0},
-                   min_stop_ids=[2, 3])  # fmt: skip
-    table.set_slot(4, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=1,
-                   presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0,
-                   min_tokens=0, num_logprobs=-1, prompt_len=2, logit_bias=None,
-                   min_stop_ids=[])  # fmt: skip
+    table.set_slot(
+        1,
+        temperature=0.7,
+        top_k=40,
+        top_p=0.9,
+        min_p=0.05,
+        seed=2**63 + 5,
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
+        repetition_penalty=1.1,
+        min_tokens=3,
+        num_logprobs=4,
+        prompt_len=17,
+        logit_bias={7: 2.5, 9: -100.0},
+        min_stop_ids=[2, 3],
+    )
+    table.set_slot(
+        4,
+        temperature=0.0,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        seed=1,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        repetition_penalty=1.0,
+        min_tokens=0,
+        num_logprobs=-1,
+        prompt_len=2,
+        logit_bias=None,
+        min_stop_ids=[],
+    )
     for ring in (1, 2, 0):
         staged.send(ring, stream)
         stream.synchronize()

@@ -27,10 +27,14 @@ pytestmark = pytest.mark.cudasim
 
 GOLDEN = Path(__file__).parent / "goldens" / "cuda_forward_sim.npz"
 BLOCK = 4
-# name: (synthetic shape, bf16 weights). bf16 with 16-aligned shapes takes the tensor-core
-# linears (packed weights, norms folded into one-token steps, rope inside attention where the
-# head is a whole warp); float32 takes the GEMV linears, qkv_rope and paged attention.
-MODELS = {"qwen3-bf16": ("tiny-qwen3-d32", True), "llama-f32": ("tiny", False)}
+# name: (synthetic shape, bf16 weights, layers). bf16 with 16-aligned shapes takes the
+# tensor-core linears (packed weights, norms folded into one-token steps, rope inside attention
+# where the head is a whole warp); float32 takes the GEMV linears, qkv_rope and paged
+# attention. Two layers where a layer's KV cache and the residual add between layers are in
+# play; a vocabulary of 128 (the tokenizer is not used) keeps the head and the sampler cheap:
+# the simulator runs every CUDA thread as a Python thread.
+MODELS = {"qwen3-bf16": ("tiny-qwen3-d32", True, 2), "llama-f32": ("tiny", False, 1)}
+VOCAB = 128
 PROMPTS = (6, 4)  # two sequences' prompt lengths: 10 tokens, over one mma group of 8
 FORCED = 3  # tokens teacher-forced after each prompt
 
@@ -82,8 +86,9 @@ def _cuda_runner(loaded, **kw):
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def model(request, tmp_path_factory):
-    shape, bf16 = MODELS[request.param]
-    path = write_checkpoint(tmp_path_factory.mktemp(request.param), shape, seed=9, bf16=bf16)
+    shape, bf16, layers = MODELS[request.param]
+    out = tmp_path_factory.mktemp(request.param)
+    path = write_checkpoint(out, shape, seed=9, bf16=bf16, layers=layers, vocab=VOCAB)
     return request.param, load_model(path)
 
 
@@ -115,17 +120,13 @@ def _write_golden(name: str, steps: list[np.ndarray], tokens: np.ndarray) -> Non
     np.savez_compressed(GOLDEN, **data)
 
 
-def _sampled(runner, vocab: int) -> np.ndarray:
-    """Greedy tokens of a prompt step and a decode step through launch / finish (sampler,
-    device token mirror): the prompt as seated, the decodes reading the sampled ids."""
-    ids = _ids(vocab)
+def _sampled(runner) -> np.ndarray:
+    """Greedy tokens of a step of two one-token prompts and a decode step through launch /
+    finish (sampler, device token mirror): the decode reads the ids the sampler wrote."""
     greedy = SamplingParams(temperature=0)
-    seats = [
-        SeatedRequest(s + 2, ids[s][: PROMPTS[s]], PROMPTS[s], greedy, 0, _blocks(s + 2, 16))
-        for s in range(2)
-    ]
-    plans = [StepPlan(10, seats, [Chunk(s + 2, 0, PROMPTS[s], [], True) for s in range(2)], [])]
-    plans.append(StepPlan(11, [], [Chunk(s + 2, PROMPTS[s], 1, [], True) for s in range(2)], []))
+    seats = [SeatedRequest(s, [5 + s], 1, greedy, 0, _blocks(s, 8)) for s in (2, 3)]
+    plans = [StepPlan(10, seats, [Chunk(s, 0, 1, [], True) for s in (2, 3)], [])]
+    plans.append(StepPlan(11, [], [Chunk(s, 1, 1, [], True) for s in (2, 3)], []))
     out = []
     for plan in plans:
         result = runner.execute(plan)
@@ -139,7 +140,7 @@ def test_cuda_forward_bits_and_cpu_agreement(model):
     plans = _plans(vocab)
     runner = _cuda_runner(loaded)
     gpu = _logits(runner, plans)
-    tokens = _sampled(runner, vocab)
+    tokens = _sampled(runner)
     cpu = _logits(make_runner(loaded, max_model_len=64), plans)
     for g, c in zip(gpu, cpu, strict=True):
         assert g.shape == c.shape

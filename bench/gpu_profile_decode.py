@@ -18,7 +18,7 @@ import numpy as np
 from numba import cuda
 
 from vtllm.executor.cuda_graphs import CudaGraph
-from vtllm.executor.cuda_model import FOLD_TOKENS, ROPE_TOKENS
+from vtllm.executor.cuda_ops import FOLD_TOKENS, ROPE_TOKENS
 from vtllm.executor.cuda_runner import CudaModelRunner
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda.attention_split import rope_attention
@@ -235,14 +235,14 @@ def staged_op_rows(runner, bucket):
 def op_rows(runner, T, R, views):
     """Each op of one layer (and the head) over T token rows (R logits rows) in a graph of
     its own; `views` hold the staged step's metadata (what attention reads)."""
-    m, c, s, B = runner.model, runner.config, runner.stream, T
-    lay = m.layers[0]
+    m, c, s, B = runner.ops, runner.config, runner.stream, T
+    lay = runner.model.w.layers[0]
     x, qkv, h = m.x[:B], m.qkv[:B], m.h[:B]
     rng = np.random.default_rng(0)
     x.copy_to_device(rng.standard_normal(x.shape).astype(np.float32))
     n = c.num_layers
     inp = runner._inputs(views)
-    fold = m.foldable and B <= FOLD_TOKENS  # the norms in the linears (executor/cuda_model)
+    fold = m.foldable and B <= FOLD_TOKENS  # the norms in the linears (executor/cuda_ops)
     n_plain = 0 if fold else n  # rows a folded step does not run are timed, counted x 0
     in_attention = m.rope_fusable and B <= ROPE_TOKENS  # qkv_rope in attention's kernel
     n_unfused = 0 if in_attention else n
@@ -304,7 +304,9 @@ def op_rows(runner, T, R, views):
         (
             "lm_head",
             1,
-            lambda: m.lm_head.matmul(m.final[:R], m.logits[:R], x_scratch=m.x_scratch, stream=s),
+            lambda: runner.model.w.lm_head.matmul(
+                m.final[:R], m.logits[:R], x_scratch=m.x_scratch, stream=s
+            ),
         ),
         ("sample (greedy)", 1, lambda: runner._sample(m.logits[:R], views, R)),
     ]

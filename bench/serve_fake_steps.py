@@ -26,7 +26,7 @@ STEP_SECONDS = float(sys.argv.pop(1))
 
 
 def execute(self, plan):
-    self._apply(plan)  # the slot bookkeeping a real step does
+    self.apply(plan)  # the slot bookkeeping a real step does
     time.sleep(STEP_SECONDS)
     sampled = [
         SampledToken(c.slot, 1000 + (plan.step_id + c.slot) % 300, None)

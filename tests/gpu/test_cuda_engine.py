@@ -62,7 +62,7 @@ def _run(
     try:
         if device == "cuda":  # the rows that take the decode kernels: by default every
             # row of these steps (max_num_batched_tokens), else split_rows
-            assert backend.runner.model.attn_scratch[0].shape[0] == (split_rows or 64)
+            assert backend.runner.ops.attn_scratch[0].shape[0] == (split_rows or 64)
         loop = StepLoop(scheduler, backend, loaded.tokenizer, async_depth=depth)
         results = anyio.run(_serve, loop, work)
         scheduler.check_invariants()
@@ -246,15 +246,15 @@ def test_logprobs_and_prompt_logprobs_match_cpu(tmp_path):
 def test_folded_norms_give_the_bits_of_the_unfolded_step(tmp_path, monkeypatch, shape):
     """Steps of up to FOLD_TOKENS tokens fold the norms into the linears and the residual adds
     into their epilogues, and steps of up to ROPE_TOKENS make q and the new keys inside
-    attention (executor/cuda_model); the same steps with nothing folded give the same logits,
+    attention (executor/cuda_ops); the same steps with nothing folded give the same logits,
     bit for bit (qwen2: a qkv bias; qwen3: q/k norms; d32: heads that rope_attention takes)."""
     from tests.models.runner_util import make_runner
-    from vtllm.executor import cuda_model
+    from vtllm.executor import cuda_ops
     from vtllm.executor.cuda_runner import CudaModelRunner
 
     loaded = load_model(write_checkpoint(tmp_path / shape, shape, seed=5, bf16=True))
     ids = np.random.default_rng(4).integers(3, loaded.config.vocab_size, 50).tolist()
-    chunks = [30, 1, 1, cuda_model.FOLD_TOKENS, 20 - 2 - cuda_model.FOLD_TOKENS]
+    chunks = [30, 1, 1, cuda_ops.FOLD_TOKENS, 20 - 2 - cuda_ops.FOLD_TOKENS]
 
     def logits():
         runner = CudaModelRunner(
@@ -267,13 +267,13 @@ def test_folded_norms_give_the_bits_of_the_unfolded_step(tmp_path, monkeypatch, 
             kv_cache_fraction=0.0,
             use_graphs=False,
         )
-        assert runner.model.foldable
-        assert runner.model.rope_fusable == (loaded.config.head_dim == 32)
+        assert runner.ops.foldable
+        assert runner.ops.rope_fusable == (loaded.config.head_dim == 32)
         return teacher_forced_logits(runner, ids, chunks)
 
     folded = logits()
-    monkeypatch.setattr(cuda_model, "FOLD_TOKENS", 0)
-    monkeypatch.setattr(cuda_model, "ROPE_TOKENS", 0)
+    monkeypatch.setattr(cuda_ops, "FOLD_TOKENS", 0)
+    monkeypatch.setattr(cuda_ops, "ROPE_TOKENS", 0)
     unfolded = logits()
     np.testing.assert_array_equal(folded, unfolded)
     cpu = teacher_forced_logits(make_runner(loaded), ids, chunks)
@@ -309,16 +309,13 @@ def test_auto_dtypes_run_bf16_on_cuda(tmp_path):
 def test_wgmma_gives_the_mma_logits(tmp_path, monkeypatch):
     """VT_CUDA_PREFILL_GEMM=wgmma on the Qwen3-0.6B shape: a 512-token prompt chunk takes the
     GEMM for qkv, gate/up and the lm_head (gemm_pays), and every logit has gemm_mma's bits."""
-    from vtllm.executor import cuda_model
     from vtllm.executor.cuda_runner import CudaModelRunner
-    from vtllm.kernels.cuda._ptx_wgmma import WGMMA
+    from vtllm.kernels.cuda import WGMMA, matmul
 
     if not WGMMA:
         pytest.skip("wgmma needs an sm_90 (Hopper) GPU")
-    launched, launch = [], cuda_model.gemm_wgmma
-    monkeypatch.setattr(
-        cuda_model, "gemm_wgmma", lambda *a, **k: (launched.append(1), launch(*a, **k))
-    )
+    launched, launch = [], matmul.gemm_wgmma
+    monkeypatch.setattr(matmul, "gemm_wgmma", lambda *a, **k: (launched.append(1), launch(*a, **k)))
     loaded = load_model(write_checkpoint(tmp_path / "q", "qwen3-0.6b", seed=5, bf16=True))
     ids = np.random.default_rng(4).integers(3, loaded.config.vocab_size, 600).tolist()
     logits = {}

@@ -8,7 +8,6 @@ import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from tests.kernels_cuda.test_linear_mma import check_close, rounded_to_bf16
-from vtllm.executor.cuda_model import DeviceWeight
 from vtllm.kernels import QType
 from vtllm.kernels.cuda.gemm_mma import (
     BLOCK_GROUPS,
@@ -27,6 +26,7 @@ from vtllm.kernels.cuda.linear_mma import (
     x_scratch_words,
 )
 from vtllm.kernels.cuda.linear_mma import WARPS as RESIDUES
+from vtllm.kernels.cuda.matmul import DeviceWeight
 
 pytestmark = pytest.mark.cudasim
 

@@ -80,9 +80,9 @@ def test_device_weight_takes_wgmma_where_asked(rng, monkeypatch):
     """matmul: a W uploaded with wgmma sends the steps gemm_pays for to gemm_wgmma, with the
     bits of the same W's gemm_mma route (and a gate/up W's silu(gate) * up after it). The
     simulator counts every step a GEMM's (its thresholds would need minutes a call)."""
-    from vtllm.executor import cuda_model
-    from vtllm.executor.cuda_model import DeviceWeight
+    from vtllm.kernels.cuda import matmul as cuda_model
     from vtllm.kernels.cuda.gemm_mma import BLOCK_GROUPS, GEMM_ABOVE, GEMM_MIN_BLOCKS
+    from vtllm.kernels.cuda.matmul import DeviceWeight
 
     n, k = ROWS, 32
     if SIMULATOR:

@@ -1,5 +1,5 @@
-"""Executes StepPlans on the GPU: the device token mirror, staged metadata, graphs, sampling.
-Hot path: keep it lean, put features in helpers.
+"""The CUDA device under the one runner (executor/runner): the device token mirror, staged
+metadata, graphs, sampling on the stream. Hot path: keep it lean, put features in helpers.
 
 A step is enqueued, not waited for: `launch` applies the plan, copies the step's metadata
 (one pinned staging buffer, one copy), runs the forward and the sampler on the stream (a
@@ -22,36 +22,24 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from vtllm.errors import InvalidParameter
 from vtllm.executor.cuda_graphs import CudaGraph, free_device_memory
-from vtllm.executor.cuda_model import CudaForward, StepInputs
+from vtllm.executor.cuda_knobs import SPLIT_SCRATCH_BYTES, attention_split_rows, check_knobs
+from vtllm.executor.cuda_ops import CudaOps
 from vtllm.executor.kv_cache import num_kv_blocks
+from vtllm.executor.runner import StepOutput, StepRunner
 from vtllm.executor.staging import PromptStaging, StagedSamplingTable
-from vtllm.executor.step_layout import (
-    extend_block_tables,
-    flatten_chunks,
-    graph_buckets,
-    graph_counts,
-    pad_step,
-    prompt_logprobs,
-    seat_sampling,
-)
-from vtllm.kernels import cpu as cpu_ops
+from vtllm.executor.step_layout import graph_buckets, graph_counts, pad_step
 from vtllm.kernels import cuda as ops
-from vtllm.kernels.cuda._kv_cache import KV_DTYPES
-from vtllm.kernels.cuda._ptx import GRID_DEPENDENCY
-from vtllm.kernels.cuda._ptx_wgmma import WGMMA
-from vtllm.kernels.cuda.attention_split import SPLIT
+from vtllm.kernels.cuda import GRID_DEPENDENCY, KV_DTYPES
 from vtllm.kernels.cuda.gather import gather_rows
-from vtllm.kernels.sampling_table import SamplingTable
 from vtllm.models.loader import LoadedModel
-from vtllm.scheduler.plan import SampledToken, StepPlan, StepResult, TokenLogprobs
+from vtllm.models.ops import KVCache, StepInputs
+from vtllm.models.registry import model_class
+from vtllm.scheduler.plan import StepPlan
+
+__all__ = ["SPLIT_SCRATCH_BYTES", "CudaModelRunner", "attention_split_rows"]
 
 log = logging.getLogger("vtllm.cuda")
-
-# how x enters the products with bf16 W on the tensor cores: split into two bf16 (about
-# float32's precision) or rounded to one (half the mmas; kernels/cuda/linear_mma.py)
-MATMUL_INPUT_DTYPES = ("float32", "bfloat16")
 
 RING = 4  # staging buffers in rotation: more than the steps that can be in flight
 _FIELDS = (
@@ -66,61 +54,17 @@ _FIELDS = (
     "sample_slots",
     "sample_positions",
 )
+_STEP_FIELDS = _FIELDS[:7]  # what the forward reads (models/ops.StepInputs)
 
 
 @dataclass(slots=True)
-class PendingStep:
-    step_id: int
-    chunks: list  # the sampling chunks, in order
+class InFlight:
     ring: int  # staging slot holding the sampled ids
     event: object
-    num_logprobs: list  # per sampling chunk: top logprobs wanted (-1: none), read at launch
-    prompt_logprobs: dict
+    logits: np.ndarray | None  # host logits, when the step wanted prompt logprobs
 
 
-# A step's leading rows whose attention goes through the decode kernels, which spread each
-# row's keys over blocks, when VT_CUDA_SPLIT_ATTENTION_ROWS is 0: enough for a serving step's
-# prompt chunk beside its decodes, so that the prompt's rows do not queue in the prefill
-# kernel after the decodes (attention_ring.split_attention; BENCHMARKS.md, GPU serving), as
-# long as the scratch for their split states, which grows with max_model_len, stays under
-# SPLIT_SCRATCH_BYTES.
-SPLIT_ROWS = 256
-SPLIT_SCRATCH_BYTES = 512 << 20
-
-
-def attention_split_rows(
-    config, max_num_seqs: int, max_tokens: int, max_positions: int, knob: int
-) -> int:
-    """The decode kernels' rows: every decode row (max_num_seqs) and, up to the step's size,
-    the knob's rows, or with knob 0 up to SPLIT_ROWS that fit in SPLIT_SCRATCH_BYTES."""
-    if knob == 0:
-        row_bytes = 4 * config.num_heads * -(-max_positions // SPLIT) * (config.head_dim + 2)
-        knob = min(SPLIT_ROWS, SPLIT_SCRATCH_BYTES // row_bytes)
-    return min(max_tokens, max(max_num_seqs, knob))
-
-
-def _check_prefill_gemm(prefill_gemm: str, matmul_input_dtype: str) -> None:
-    """wgmma multiplies bf16 inputs only, on Hopper only (gemm_wgmma)."""
-    if prefill_gemm not in ("mma", "wgmma"):
-        raise InvalidParameter(
-            f"cuda_prefill_gemm must be mma or wgmma, got {prefill_gemm!r}",
-            param="cuda_prefill_gemm",
-        )
-    if prefill_gemm == "mma":
-        return
-    if not WGMMA:
-        raise InvalidParameter(
-            "cuda_prefill_gemm wgmma needs an sm_90 (Hopper) GPU", param="cuda_prefill_gemm"
-        )
-    if matmul_input_dtype != "bfloat16":
-        raise InvalidParameter(
-            "cuda_prefill_gemm wgmma needs matmul_input_dtype bfloat16, "
-            f"got {matmul_input_dtype!r}",
-            param="cuda_prefill_gemm",
-        )
-
-
-class CudaModelRunner:
+class CudaModelRunner(StepRunner):
     def __init__(
         self,
         loaded: LoadedModel,
@@ -139,57 +83,37 @@ class CudaModelRunner:
         cuda_flash_prefill: bool = False,
         cuda_prefill_gemm: str = "mma",
     ):
-        if kv_cache_dtype not in KV_DTYPES:
-            raise InvalidParameter(
-                f"kv_cache_dtype must be one of {sorted(KV_DTYPES)}, got {kv_cache_dtype!r}",
-                param="kv_cache_dtype",
-            )
-        if matmul_input_dtype not in MATMUL_INPUT_DTYPES:
-            raise InvalidParameter(
-                f"matmul_input_dtype must be one of {list(MATMUL_INPUT_DTYPES)}, "
-                f"got {matmul_input_dtype!r}",
-                param="matmul_input_dtype",
-            )
-        if cuda_flash_prefill and kv_cache_dtype != "bfloat16":
-            raise InvalidParameter(
-                "cuda_flash_prefill needs kv_cache_dtype bfloat16 (its kernel reads bf16 keys "
-                f"and values), got {kv_cache_dtype!r}",
-                param="cuda_flash_prefill",
-            )
-        _check_prefill_gemm(cuda_prefill_gemm, matmul_input_dtype)
-        c = self.config = loaded.config
-        self.block_size, self.max_model_len = block_size, max_model_len
-        self.max_num_seqs = max_num_seqs
+        check_knobs(kv_cache_dtype, matmul_input_dtype, cuda_flash_prefill, cuda_prefill_gemm)
+        super().__init__(
+            loaded.config,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+        )
+        c = self.config
         self.max_tokens = max(max_num_batched_tokens, max_num_seqs)
-        self.max_blocks = -(-(max_model_len + 1) // block_size)
         self.stream = s = cuda.stream()
         split_rows = attention_split_rows(
             c, max_num_seqs, self.max_tokens, max_model_len + 1, split_attention_rows
         )
-        self.model = CudaForward(
+        # the mirror: [max_num_seqs, max_model_len + 1] int32 on the device
+        self.token_ids_dev = cuda.to_device(np.zeros((max_num_seqs, max_model_len + 1), np.int32))
+        self.num_tokens_dev = cuda.to_device(np.zeros(max_num_seqs, np.int32))
+        self.ops = CudaOps(
             c,
-            loaded.weights,
             max_tokens=self.max_tokens,
             max_positions=max_model_len + 1,
             max_decode_rows=split_rows,
+            mirror=self.token_ids_dev,
             stream=s,
             x_bf16=matmul_input_dtype == "bfloat16",
             flash_prefill=cuda_flash_prefill,
             wgmma=cuda_prefill_gemm == "wgmma",
         )
-        # the mirror: [max_num_seqs, max_model_len + 1] int32 on the device
-        self.token_ids_dev = cuda.to_device(np.zeros((max_num_seqs, max_model_len + 1), np.int32))
-        self.num_tokens_dev = cuda.to_device(np.zeros(max_num_seqs, np.int32))
-        # host-side slot state (the host knows prompts, not every sampled token)
-        self.prompt_ids_host = np.zeros((max_num_seqs, max_model_len + 1), np.int32)
-        self.prompt_lens = np.zeros(max_num_seqs, np.int32)
-        self.num_prompt_logprobs = np.zeros(max_num_seqs, np.int32)
-        self.block_tables = np.zeros((max_num_seqs, self.max_blocks), np.int32)
-        self.num_slot_blocks = np.zeros(max_num_seqs, np.int32)
-        self.sampling = SamplingTable.create(max_num_seqs)
+        forward = model_class(c.architecture)
+        self.model = forward(c, loaded.weights, self.ops, max_model_len + 1)
         self.sampling_staged = StagedSamplingTable(self.sampling, RING, s)
         self.sampling_dev = self.sampling_staged.device
-        self._sampling_dirty = False
         self.prompt_staging = PromptStaging(RING, self.max_tokens)
         # staging: step metadata in, sampled ids out, both pinned so copies are asynchronous
         n, S = self.max_tokens, max_num_seqs
@@ -238,7 +162,7 @@ class CudaModelRunner:
         shape = (c.num_layers, num_blocks, self.block_size, c.num_kv_heads, c.head_dim)
         self.kv_k = cuda.device_array(shape, dtype, stream=s)
         self.kv_v = cuda.device_array(shape, dtype, stream=s)
-        self.model.bind_kv(self.kv_k, self.kv_v)
+        self.ops.bind_kv(KVCache(self.kv_k, self.kv_v))
         log.info(
             "GPU memory: %.1f of %.1f GiB free after weights; KV cache %d blocks x %d tokens "
             "= %.2f GiB %s (%s)",
@@ -251,32 +175,6 @@ class CudaModelRunner:
             f"budget {budget_bytes} bytes" if budget_bytes else f"{fraction:.0%} of free",
         )
         return num_blocks
-
-    # -- per-slot state -------------------------------------------------------------------
-    def _apply(self, plan: StepPlan) -> None:
-        s = self.stream
-        for slot in plan.freed_slots:
-            self.num_slot_blocks[slot] = 0
-            self.sampling.clear_slot(slot)
-            self._sampling_dirty = True
-        prompts = []
-        for seat in plan.seated:
-            slot, n = seat.slot, len(seat.token_ids)
-            ids = np.asarray(seat.token_ids, np.int32)
-            self.prompt_ids_host[slot, :n] = ids
-            prompts.append((slot, ids))
-            self.prompt_lens[slot] = seat.prompt_len
-            self.num_prompt_logprobs[slot] = seat.sampling.prompt_logprobs or 0
-            self.block_tables[slot, : len(seat.block_ids)] = seat.block_ids
-            self.num_slot_blocks[slot] = len(seat.block_ids)
-            seat_sampling(self.sampling, seat, self.config.eos_token_ids)
-            self._sampling_dirty = True
-        extend_block_tables(plan.chunks, self.block_tables, self.num_slot_blocks)
-        if prompts:  # pinned staging, one copy a prompt (executor/staging)
-            self.prompt_staging.send(self._ring, prompts, self.token_ids_dev, s)
-        if self._sampling_dirty:  # the whole table in one copy
-            self.sampling_staged.send(self._ring, s)
-            self._sampling_dirty = False
 
     # -- metadata staging ---------------------------------------------------------------------
     def _layout(self, T: int, S: int, R: int, B: int):
@@ -317,27 +215,26 @@ class CudaModelRunner:
         self.meta_dev[:total].copy_to_device(host[:total], stream=self.stream)
         return views
 
-    # -- one step -------------------------------------------------------------------------------
-    def launch(self, plan: StepPlan) -> PendingStep:
+    # -- the runner's device hooks (executor/runner) ----------------------------------------
+    def _seat(self, prompts) -> None:  # pinned staging, one copy a prompt (executor/staging)
+        self.prompt_staging.send(self._ring, prompts, self.token_ids_dev, self.stream)
+
+    def _sampling_changed(self) -> None:  # the whole table in one copy
+        self.sampling_staged.send(self._ring, self.stream)
+
+    def launch(self, plan: StepPlan):
         started = time.perf_counter()
         try:
-            return self._launch(plan)
+            self.events[self._ring].synchronize()  # the staging slot's last user is done
+            return super().launch(plan)
         finally:
             self.launch_seconds += time.perf_counter() - started
 
-    def _launch(self, plan: StepPlan) -> PendingStep:
-        ring = self._ring
-        self.events[ring].synchronize()  # the staging slot's last user is done (normally a no-op)
-        self._apply(plan)
-        chunks = [c for c in plan.chunks if c.sample]
-        if not plan.chunks:
-            return PendingStep(plan.step_id, [], ring, None, [], {})
-        prompt_lps = {}
-        flat = flatten_chunks(plan.chunks, self.block_tables, self.block_size)
+    def _launch(self, flat, chunks, num_logprobs, want_logits: bool) -> InFlight:
+        ring, logits_host = self._ring, None
         B = len(chunks)
         fields = self._fields(flat, chunks)
-        num_logprobs = [int(self.sampling.num_logprobs[c.slot]) for c in chunks]
-        bucket = self._bucket(flat, B)
+        bucket = self._bucket(flat, B, want_logits)
         if bucket:
             counts = graph_counts(bucket, self.max_num_seqs)
             views = self._stage(pad_step(fields, *counts[:2]), counts)
@@ -347,8 +244,10 @@ class CudaModelRunner:
             T, S, R = len(flat.positions), len(flat.slots), len(flat.logits_rows)
             views = self._stage(fields, (T, S, R, B))
             self.start_events[ring].record(self.stream)
-            logits = self.model.forward(self._inputs(views), self.token_ids_dev)
-            prompt_lps = self._prompt_logprobs(plan, logits) if R > B else {}
+            logits = self.model.forward(self._inputs(views))
+            if want_logits:  # rare: the step waits for its logits
+                logits_host = logits.copy_to_host(stream=self.stream)
+                self.stream.synchronize()
             if B:
                 if R != B:
                     rows = self.sample_logits[:B]
@@ -362,41 +261,22 @@ class CudaModelRunner:
                 dev[:B].copy_to_host(host[:B], stream=self.stream)
         self.events[ring].record(self.stream)
         self._ring = (ring + 1) % RING
-        return PendingStep(plan.step_id, chunks, ring, self.events[ring], num_logprobs, prompt_lps)
+        return InFlight(ring, self.events[ring], logits_host)
 
-    def finish(self, pending: PendingStep) -> StepResult:
-        if pending.event is not None:
-            pending.event.synchronize()
-            elapsed_ms = self.start_events[pending.ring].elapsed_time(pending.event)
-            self.device_seconds += elapsed_ms / 1e3
-        tokens, lp = self.tokens_host[pending.ring], self.logprobs_host[pending.ring]
-        sampled = []
-        for i, c in enumerate(pending.chunks):
-            k, info = pending.num_logprobs[i], None
-            if k >= 0:
-                top_ids, top_lps = lp.top_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist()
-                info = TokenLogprobs(
-                    int(tokens[i]), float(lp.logprob[i]), int(lp.rank[i]), top_ids, top_lps
-                )
-            sampled.append(SampledToken(c.slot, int(tokens[i]), info))
-        return StepResult(pending.step_id, sampled, pending.prompt_logprobs)
+    def _collect(self, step: InFlight) -> StepOutput:
+        step.event.synchronize()
+        elapsed_ms = self.start_events[step.ring].elapsed_time(step.event)
+        self.device_seconds += elapsed_ms / 1e3
+        return StepOutput(self.tokens_host[step.ring], self.logprobs_host[step.ring], step.logits)
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        return self.finish(self.launch(plan))
-
-    def compute_logits(self, plan: StepPlan):
-        """Applies the plan and runs the model eagerly, without sampling: (host float32 logits
-        of its logits rows, the flattened chunks), as ModelRunner.compute_logits returns the
-        logits first; for teacher-forced checks."""
-        self._apply(plan)
-        flat = flatten_chunks(plan.chunks, self.block_tables, self.block_size)
+    def _logits(self, flat) -> np.ndarray:
         fields = self._fields(flat, [])
         fields["sample_rows"] = []
         counts = (len(flat.positions), len(flat.slots), len(flat.logits_rows), 0)
-        logits = self.model.forward(self._inputs(self._stage(fields, counts)), self.token_ids_dev)
+        logits = self.model.forward(self._inputs(self._stage(fields, counts)))
         host = logits.copy_to_host(stream=self.stream)
         self.stream.synchronize()
-        return host, flat
+        return host
 
     # -- helpers ----------------------------------------------------------------------------
     def _fields(self, flat, chunks: list) -> dict:
@@ -415,7 +295,7 @@ class CudaModelRunner:
         }
 
     def _inputs(self, views: dict) -> StepInputs:
-        return StepInputs(**{name: views[name] for name in StepInputs.__slots__})
+        return StepInputs(**{name: views[name] for name in _STEP_FIELDS})
 
     def _sample(self, logits, views: dict, B: int) -> None:
         # Logprobs are always requested: rows whose slot wants none are skipped by the kernel,
@@ -434,16 +314,16 @@ class CudaModelRunner:
             stream=self.stream,
         )
 
-    def _bucket(self, flat, num_sampled: int) -> int:
+    def _bucket(self, flat, num_sampled: int, want_logits: bool) -> int:
         """The graph bucket this step replays in, or 0 to run it eagerly (prompt logprobs,
-        which want more logits rows than samples, or more tokens than the largest bucket)."""
-        if not self.use_graphs or len(flat.logits_rows) != num_sampled:
+        which want the logits on the host, or more tokens than the largest bucket)."""
+        if not self.use_graphs or want_logits or len(flat.logits_rows) != num_sampled:
             return 0
         n = len(flat.positions)
         return next((b for b in self.buckets if b >= n), 0)
 
     def _graph_step(self, views: dict, rows: int) -> None:
-        logits = self.model.forward(self._inputs(views), self.token_ids_dev)
+        logits = self.model.forward(self._inputs(views))
         self._sample(logits, views, rows)
 
     def _graph(self, bucket: int, views: dict) -> CudaGraph:
@@ -463,14 +343,6 @@ class CudaModelRunner:
             )
             self.graphs[bucket] = graph
         return graph
-
-    def _prompt_logprobs(self, plan: StepPlan, logits) -> dict:
-        """Prompt logprobs on the host (rare; the step waits for its logits)."""
-        host = logits.copy_to_host(stream=self.stream)
-        self.stream.synchronize()
-        return prompt_logprobs(
-            plan, host, self.prompt_ids_host, self.prompt_lens, self.num_prompt_logprobs, cpu_ops
-        )
 
     def capture_all(self, progress=None) -> None:
         """Warm-up and capture of every bucket at start (steps of padding only)."""

@@ -8,7 +8,7 @@ import numpy as np
 
 from vtllm.errors import InvalidParameter
 from vtllm.models.config import ModelConfig
-from vtllm.models.llama import KVCache
+from vtllm.models.ops import KVCache
 
 log = logging.getLogger("vtllm.kv")
 

@@ -7,7 +7,7 @@ samples into a scratch copy of the mirror, so the device state is left as the st
 
 import numpy as np
 
-from vtllm.models.llama import ForwardBatch
+from vtllm.models.ops import StepInputs
 
 
 def replay_chunk(runner, slot: int, start: int, known_ids: list[int]) -> int:
@@ -16,7 +16,8 @@ def replay_chunk(runner, slot: int, start: int, known_ids: list[int]) -> int:
     end = len(known_ids)
     positions = np.arange(start, end, dtype=np.int32)
     blocks = runner.block_tables[slot, positions // runner.block_size]
-    batch = ForwardBatch(
+    batch = StepInputs(
+        token_slots=np.full(end - start, slot, np.int32),
         input_ids=np.asarray(known_ids[start:end], np.int32),
         positions=positions,
         slot_mapping=(blocks * runner.block_size + positions % runner.block_size).astype(np.int32),
@@ -25,7 +26,7 @@ def replay_chunk(runner, slot: int, start: int, known_ids: list[int]) -> int:
         block_tables=np.ascontiguousarray(runner.block_tables[slot : slot + 1]),
         logits_rows=np.asarray([end - start - 1], np.int32),
     )
-    logits = runner.model.forward(batch, runner.kv)
+    logits = runner.model.forward(batch)
     mirror = runner.token_ids.copy()
     mirror[slot, :end] = known_ids
     num_tokens = runner.num_tokens.copy()

@@ -45,3 +45,12 @@ def family_for_hf(architectures: list[str]) -> Family:
             return _FAMILIES[_HF_ARCHITECTURES[arch]]
     supported = ", ".join(sorted(_HF_ARCHITECTURES))
     raise UnsupportedModel(f"unsupported architecture {architectures} (supported: {supported})")
+
+
+def model_class(architecture: str):
+    """The forward of an architecture's family (models/<family>.py): every family here is
+    the Llama one's."""
+    family(architecture)
+    from vtllm.models.llama import LlamaModel
+
+    return LlamaModel

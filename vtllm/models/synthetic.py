@@ -43,11 +43,18 @@ _HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": 
 
 
 def hf_config(
-    shape: str, *, max_position_embeddings: int = 4096, tie: bool = False, layers: int | None = None
+    shape: str,
+    *,
+    max_position_embeddings: int = 4096,
+    tie: bool = False,
+    layers: int | None = None,
+    vocab: int | None = None,
 ) -> dict:
-    """The shape's HF config; layers overrides its depth (a quick profile of a big shape)."""
-    arch, hidden, num_layers, heads, kv_heads, head_dim, inter, vocab, extra = SHAPES[shape]
+    """The shape's HF config; layers overrides its depth (a quick profile of a big shape),
+    vocab its vocabulary (a cheaper head where the tokenizer is not used)."""
+    arch, hidden, num_layers, heads, kv_heads, head_dim, inter, shape_vocab, extra = SHAPES[shape]
     layers = num_layers if layers is None else layers
+    vocab = shape_vocab if vocab is None else vocab
     return {
         "architectures": [_HF_CLASS[arch]],
         "model_type": arch,
@@ -209,11 +216,12 @@ def write_checkpoint(
     tie: bool = False,
     max_position_embeddings: int = 4096,
     layers: int | None = None,
+    vocab: int | None = None,
 ) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = hf_config(
-        shape, max_position_embeddings=max_position_embeddings, tie=tie, layers=layers
+        shape, max_position_embeddings=max_position_embeddings, tie=tie, layers=layers, vocab=vocab
     )
     config["torch_dtype"] = "bfloat16" if bf16 else "float32"
     write_random_safetensors(out / "model.safetensors", config, seed=seed, peaked=peaked, bf16=bf16)

@@ -1,14 +1,20 @@
-"""The CUDA kernel table (numba.cuda): what executor/cuda_model calls as `ops` on a GPU.
+"""The CUDA kernel table (numba.cuda): what executor/cuda_ops calls on a GPU.
 
 Same launchers as kernels.cpu, on device arrays, each with `stream` keyword-only. Importing this
 package needs no GPU (kernels compile at their first launch); with NUMBA_ENABLE_CUDASIM=1 set
 before numba.cuda is first imported, everything runs under numba's simulator.
+Also what the executor asks of the device's kernels: KV_DTYPES (the KV cache's storage types),
+GRID_DEPENDENCY (kernels open with the programmatic-launch wait, sm_90) and WGMMA (Hopper's
+warpgroup GEMM is available).
 """
 
 import numpy as np
 from numba import cuda
 
 from vtllm.kernels.cuda._device import SIMULATOR
+from vtllm.kernels.cuda._kv_cache import KV_DTYPES
+from vtllm.kernels.cuda._ptx import GRID_DEPENDENCY
+from vtllm.kernels.cuda._ptx_wgmma import WGMMA
 from vtllm.kernels.cuda.activation import silu_and_mul
 from vtllm.kernels.cuda.attention import paged_attention, write_kv
 from vtllm.kernels.cuda.embedding import embedding
@@ -25,7 +31,10 @@ def empty(shape, dtype=np.float32, *, stream=0):
 
 
 __all__ = [
+    "GRID_DEPENDENCY",
+    "KV_DTYPES",
     "SIMULATOR",
+    "WGMMA",
     "LogprobsOut",
     "SamplerScratch",
     "device_table",

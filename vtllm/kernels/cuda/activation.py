@@ -6,7 +6,7 @@ Elementwise over a grid-stride loop; silu(g) = g / (1 + exp(-g)) as the CPU kern
 Layouts of x [T, 2I]: gate columns then up columns, or, with tile=8, gate and up interleaved
 in runs of 8 (columns 16 j .. 16 j + 7 are gate 8 j .., the next 8 up 8 j ..): the order of
 a gate/up matrix packed for the tensor cores, whose 16-row tiles each hold 8 rows of both
-(executor/cuda_model), so that one block of the decode linear owns both halves of its outputs.
+(kernels/cuda/matmul), so that one block of the decode linear owns both halves of its outputs.
 """
 
 import math

@@ -1,0 +1,131 @@
+"""Which kernel multiplies a step's activations by a weight matrix, and the weight as it lives
+on the device. Hot path: keep it lean.
+
+A bf16 matrix with 16-aligned sides goes to the tensor cores, packed once at upload into mma
+fragment order (linear_mma.pack_bf16); every other storage type keeps the GEMV kernel of its
+QType (linear). A packed gate/up matrix has its rows interleaved in runs of 8
+(activation.tile_interleave), so that each 16-row tile holds 8 gate rows and their 8 up rows:
+decode steps then get silu(gate) * up straight from the linear's epilogue (linear_mma and
+linear_rows swiglu), and prefill steps (gemm_mma) from silu_and_mul over that layout, with the
+same bits.
+
+Among the packed kernels every route gives the same bits, so a token's row never depends on
+the size of its step: steps that gemm_pays for go to gemm_mma (gemm_wgmma where the weight
+asks for it), batched-decode steps that rows_pay for to linear_rows, the rest to linear_mma.
+The fused epilogues (a norm folded into the loads, the product added into the residual
+stream) exist in linear_mma only, for one-token steps.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from vtllm.kernels import QType
+from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
+from vtllm.kernels.cuda.gemm_mma import gemm_mma, gemm_pays
+from vtllm.kernels.cuda.gemm_wgmma import gemm_wgmma, round_x
+from vtllm.kernels.cuda.linear import linear
+from vtllm.kernels.cuda.linear_mma import (
+    PREPACK_ABOVE,
+    linear_mma,
+    pack_bf16,
+    packable,
+    split_x,
+    x_scratch_words,
+)
+from vtllm.kernels.cuda.linear_rows import linear_rows, rows_pay
+
+__all__ = ["DeviceWeight", "for_tensor_cores", "upload_matrix", "x_scratch_words"]
+
+
+@dataclass(slots=True)
+class DeviceWeight:
+    data: object  # device array, layout per QType, or a PackedBF16 for the tensor cores
+    qtype: int
+    packed: bool = False  # bf16 in mma fragment order (kernels/cuda/linear_mma)
+    wgmma: bool = False  # packed with x_bf16, on Hopper: long steps take gemm_wgmma
+
+    def matmul(self, x, out, *, bias=None, x_scratch=None, act=None, stream=0) -> None:
+        """out = x @ W.T (+ bias); x_scratch: see linear_mma. act: W is a gate/up matrix and
+        act [M, N / 2] gets silu(gate) * up, from the linear's epilogue where its kernel has
+        one (out then unused), else by silu_and_mul over out (same bits)."""
+        m, n = x.shape[0], out.shape[1]
+        swiglu = act is not None
+        split_step = self.packed and x_scratch is not None and m > PREPACK_ABOVE
+        if split_step and gemm_pays(m, n) and self.wgmma:
+            gemm_wgmma(
+                round_x(x, x_scratch, stream=stream), self.data, out, bias=bias, stream=stream
+            )
+        elif split_step and gemm_pays(m, n):
+            xp = split_x(x, x_scratch, x_bf16=self.data.x_bf16, stream=stream)
+            gemm_mma(xp, self.data, out, bias=bias, stream=stream)
+        elif split_step and rows_pay(m, n):
+            xp = split_x(x, x_scratch, x_bf16=self.data.x_bf16, stream=stream)
+            linear_rows(
+                xp, self.data, act if swiglu else out, bias=bias, swiglu=swiglu, stream=stream
+            )
+            return
+        elif self.packed:
+            linear_mma(
+                x,
+                self.data,
+                act if swiglu else out,
+                bias=bias,
+                x_scratch=x_scratch,
+                swiglu=swiglu,
+                stream=stream,
+            )
+            return
+        else:
+            linear(x, self.data, self.qtype, out, bias=bias, stream=stream)
+        if swiglu:  # packed gate/up rows are interleaved in runs of 8 (the module docstring)
+            silu_and_mul(out, act, tile=8 if self.packed else 0, stream=stream)
+
+    def matmul_folded(
+        self, x, out, *, bias=None, norm_weight=None, eps=0.0, accumulate=False, act=None, stream=0
+    ) -> None:
+        """A one-token step's fused epilogues (packed W only, linear_mma): with norm_weight, x
+        is the residual stream and the product is of rms_norm(x, norm_weight, eps); with
+        accumulate, out += the product (the residual add). act: as in matmul."""
+        swiglu = act is not None
+        linear_mma(
+            x,
+            self.data,
+            act if swiglu else out,
+            bias=bias,
+            norm_weight=norm_weight,
+            eps=eps,
+            accumulate=accumulate,
+            swiglu=swiglu,
+            stream=stream,
+        )
+
+
+def for_tensor_cores(qtype: int, shape: tuple[int, int]) -> bool:
+    return qtype == QType.BF16 and packable(*shape)
+
+
+def upload_matrix(
+    data: np.ndarray,
+    qtype: int,
+    shape: tuple[int, int],
+    *,
+    gate_up: bool = False,
+    x_bf16: bool = False,
+    wgmma: bool = False,
+    stream,
+) -> DeviceWeight:
+    """W on the device as matmul takes it: bf16 matrices with 16-aligned shapes packed for the
+    tensor cores (the raw upload is freed), a fused gate/up one with its rows interleaved in
+    runs of 8 first (the module docstring); every other type as stored. x_bf16: packed
+    matrices multiply x rounded to bf16 (linear_mma.PackedBF16); wgmma (with x_bf16): their
+    long steps take gemm_wgmma."""
+    if not for_tensor_cores(qtype, shape):
+        return DeviceWeight(cuda.to_device(np.ascontiguousarray(data), stream=stream), qtype)
+    if gate_up:
+        data = tile_interleave(data, 8)
+    raw = cuda.to_device(np.ascontiguousarray(data), stream=stream)
+    packed = pack_bf16(raw, x_bf16=x_bf16, stream=stream)
+    stream.synchronize()  # the raw copy is freed on return
+    return DeviceWeight(packed, qtype, packed=True, wgmma=wgmma and x_bf16)

@@ -2,9 +2,10 @@
 prompt step of two sequences, a batched decode step, a one-token decode step (the folded and
 rope-in-attention paths) and a sampled step, through the runner's public contract.
 
-Two guards: the logits' bits equal those recorded in goldens/cuda_forward_sim.npz (so a
-refactor of the forward or the runner changes no bit on this path), and they agree with the
-CPU runner's within float tolerance (the same weights, float32 math in another order).
+Two guards: under the simulator, the logits' bits equal those recorded in
+goldens/cuda_forward_sim.npz (so a refactor of the forward or the runner changes no bit on this
+path); anywhere, they agree with the CPU runner's within float tolerance (the same weights,
+float32 math in another order).
 Regenerate the golden only for an intended change of numerics:
     VT_WRITE_GOLDENS=1 NUMBA_ENABLE_CUDASIM=1 .venv/bin/python -m pytest -q -m cudasim \\
         tests/kernels_cuda/test_cuda_forward_sim.py
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.kernels_cuda.helpers import SIMULATOR
 from tests.models.runner_util import make_runner
 from vtllm.models.loader import load_model
 from vtllm.models.synthetic import write_checkpoint
@@ -149,6 +151,8 @@ def test_cuda_forward_bits_and_cpu_agreement(model):
         top2 = np.sort(c, axis=1)[:, -2:]
         clear = (top2[:, 1] - top2[:, 0]) > 1e-3 * scale[:, 0]
         assert (g.argmax(1) == c.argmax(1))[clear].all()
+    if not SIMULATOR:  # the golden holds the simulator's bits; a card rounds in its own way
+        return
     if os.environ.get("VT_WRITE_GOLDENS") == "1":
         _write_golden(name, gpu, tokens)
     golden = _golden()

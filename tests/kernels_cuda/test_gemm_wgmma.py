@@ -92,8 +92,9 @@ def test_device_weight_takes_wgmma_where_asked(rng, monkeypatch):
         m = GEMM_ABOVE + 8 * BLOCK_GROUPS * GEMM_MIN_BLOCKS
     assert cuda_model.gemm_pays(m, n)
     launched, launch = [], cuda_model.gemm_wgmma
-    monkeypatch.setattr(cuda_model, "gemm_wgmma",
-                        lambda *a, **kw: (launched.append(1), launch(*a, **kw)))  # fmt: skip
+    monkeypatch.setattr(
+        cuda_model, "gemm_wgmma", lambda *a, **kw: (launched.append(1), launch(*a, **kw))
+    )
     w_bits = random_weight(rng, QType.BF16, n, k)
     packed = pack_bf16(dev(w_bits), x_bf16=True)
     x = rng.standard_normal((m, k)).astype(np.float32)

@@ -132,6 +132,19 @@ def test_compile_log_says_once_per_family(caplog):
     assert caplog.records == []
 
 
+def test_kernel_tables_are_not_imported_before_the_compile_phase():
+    """kernels.cpu compiles its kernels on import: a module the start imports before its
+    compile phase must not pull it in, or the compile goes unlogged and uncounted."""
+    code = (
+        "import sys, vtllm.cli.serve, vtllm.cli.warmup, vtllm.engine.build, vtllm.server.app, "
+        "vtllm.executor.runner, vtllm.executor.backend; "
+        "print(sorted(m for m in sys.modules if m.startswith('vtllm.kernels.cpu')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_warmup_fills_the_cache_and_says_how_long(tmp_path):
     done = _vtllm("warmup", "--kv-cache-memory", "16M", "--max-model-len", "256")
     assert done.returncode == 0, done.stderr

@@ -31,7 +31,6 @@ from vtllm.executor.step_layout import (
     prompt_logprobs,
     seat_sampling,
 )
-from vtllm.kernels import cpu as cpu_kernels
 from vtllm.kernels.sampling_table import SamplingTable
 from vtllm.models.loader import LoadedModel
 from vtllm.models.ops import KVCache, StepInputs
@@ -145,6 +144,10 @@ class StepRunner:
             sampled.append(SampledToken(c.slot, int(tokens[i]), info))
         prompt_lps = {}
         if out.logits is not None:
+            # imported here, not with the module: kernels.cpu compiles its kernels on import,
+            # which a start must do inside its compile phase (vtllm/cli/warmup.py logs it)
+            from vtllm.kernels import cpu as cpu_kernels
+
             prompt_lps = prompt_logprobs(
                 plan,
                 out.logits,

@@ -10,6 +10,43 @@ MAX_LOGIT_BIAS = 300  # entries per request, as the OpenAI API caps it
 MAX_STOP_TOKEN_IDS = 60  # leaves room in the sampler's 65-wide stop table for eos ids
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
+MAX_BAD_WORDS = 256
+
+
+class StructuredOutputs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A constraint on the output, as vLLM's StructuredOutputsParams: exactly one of the kinds.
+    The grammar engine (llguidance) compiles it when the request is added; an invalid schema,
+    regex or grammar is a 400 naming `field`, the request field it came from."""
+
+    json: dict | str | None = None  # a JSON schema (object or its text)
+    json_object: bool = False  # any JSON object
+    regex: str | None = None
+    choice: list[str] | None = None  # exactly one of these strings
+    grammar: str | None = None  # Lark (llguidance's dialect, %json{...} allowed) or GBNF
+    field: str = "structured_outputs"  # the request field named in errors
+
+    def __post_init__(self):
+        kinds = [
+            k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None
+        ] + (["json_object"] if self.json_object else [])
+        if len(kinds) != 1:
+            raise InvalidParameter(
+                f"{self.field} must set exactly one of json, json_object, regex, choice, "
+                f"grammar (got {', '.join(kinds) or 'none'})",
+                param=self.field,
+            )
+        if self.choice is not None and (
+            not self.choice or any(not isinstance(c, str) for c in self.choice)
+        ):
+            raise InvalidParameter(
+                f"{self.field}: choice must be non-empty strings", param=self.field
+            )
+
+    def key(self) -> str:
+        """What identifies the compiled grammar (the cache key)."""
+        return msgspec.json.encode(
+            [self.json, self.json_object, self.regex, self.choice, self.grammar]
+        ).decode()
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -32,6 +69,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = (
+        None  # never generated: a word's last token is masked after its prefix
+    )
 
     def __post_init__(self):
         _check_int(self.n, "n", 1, 128)
@@ -77,6 +119,18 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             _check_int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
             _check_int(self.prompt_logprobs, "prompt_logprobs", 0, MAX_LOGPROBS)
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise InvalidParameter(
+                    "allowed_token_ids must name at least one token", param="allowed_token_ids"
+                )
+            for token_id in self.allowed_token_ids:
+                _check_int(token_id, "allowed_token_ids", 0, 1 << 31)
+        if self.bad_words is not None:
+            if len(self.bad_words) > MAX_BAD_WORDS:
+                raise InvalidParameter(f"at most {MAX_BAD_WORDS} bad_words", param="bad_words")
+            if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+                raise InvalidParameter("bad_words must be non-empty strings", param="bad_words")
 
     @property
     def greedy(self) -> bool:
@@ -87,6 +141,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         for name, ids in (
             ("logit_bias", self.logit_bias or ()),
             ("stop_token_ids", self.stop_token_ids),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
         ):
             for token_id in ids:
                 if token_id >= vocab_size:

@@ -42,6 +42,7 @@ class Knob:
     hi: float | None = None
     choices: tuple | None = None
     secret: bool = False  # never printed
+    many: bool = False  # str: several values, `--flag A B` (as vLLM takes them) or "A,B"
 
     @property
     def flag(self) -> str:
@@ -56,7 +57,13 @@ KNOBS = (
     Knob(
         "model", "str", None, "GGUF file or HF safetensors directory (default: SmolLM2-135M Q4_1)"
     ),
-    Knob("served_model_name", "str", None, "model name clients use (default: the model's name)"),
+    Knob(
+        "served_model_name",
+        "str",
+        None,
+        "names clients may use for the model, the first reported (default: the model's name)",
+        many=True,
+    ),
     Knob("max_model_len", "int", 4096, "longest sequence (prompt + output) in tokens", 16, 1 << 20),
     Knob("max_num_seqs", "int", 64, "requests decoded together", 1, 4096),
     Knob("max_num_batched_tokens", "int", 2048, "token budget of one step", 16, 1 << 20),
@@ -287,6 +294,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     cors_origins: str | None = None
     log_level: str = "info"
 
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """served_model_name split at commas and blanks (empty: the model's own name)."""
+        return tuple((self.served_model_name or "").replace(",", " ").split())
+
 
 def _convert(knob: Knob, raw, source: str):
     try:
@@ -302,6 +314,8 @@ def _convert(knob: Knob, raw, source: str):
             value = raw if isinstance(raw, bool) else parse_bool(str(raw))
         elif knob.type == "bytes":
             value = raw if isinstance(raw, int) else parse_bytes(str(raw))
+        elif isinstance(raw, list | tuple):  # a `many` flag's values
+            value = ",".join(str(r) for r in raw)
         else:
             value = None if raw is None else str(raw)
     except ValueError as exc:
@@ -431,6 +445,7 @@ def add_flags(parser: argparse.ArgumentParser, *, server: bool = True) -> None:
                 knob.flag,
                 dest=knob.name,
                 default=None,
+                nargs="+" if knob.many else None,
                 metavar=_metavar(knob),
                 help=f"{knob.help} [{where}]".replace("%", "%%"),
             )

@@ -31,6 +31,7 @@ class ServerState:
     vocab_size: int
     max_model_len: int
     config: EngineConfig
+    model_names: tuple[str, ...] = ()  # every name a request may give; model_name is the first
     status: str = "loading"  # loading | ok | draining | dead
     started: int = field(default_factory=lambda: int(time.time()))
     drain: DrainRate = field(default_factory=DrainRate)

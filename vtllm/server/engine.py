@@ -74,7 +74,8 @@ def _quiet_timed_out_connections(loop, context) -> None:
 
 def build_state(config: EngineConfig, *, phases: dict | None = None) -> ServerState:
     loaded, scheduler, backend, max_model_len = build_parts(config, phases=phases)
-    model_name = config.served_model_name or loaded.name
+    model_names = config.served_model_names or (loaded.name,)
+    model_name = model_names[0]  # what responses, logs and metrics say when asked for none
     _ = loaded.tokenizer.max_token_bytes  # computed once now (tens of ms), not on a request
     faults = None
     if config.debug_faults:
@@ -93,6 +94,7 @@ def build_state(config: EngineConfig, *, phases: dict | None = None) -> ServerSt
         loop=loop,
         tokenizer=loaded.tokenizer,
         model_name=model_name,
+        model_names=model_names,
         vocab_size=loaded.config.vocab_size,
         max_model_len=max_model_len,
         config=config,

@@ -23,6 +23,8 @@ class _Shaper:
         self.state, self.req, self.sub = state, req, sub
         self.text = [""] * len(sub.choices)
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        # the name the client asked for (one of the served names), as vLLM answers
+        self.model = req.model if req.model in state.model_names else state.model_name
 
     def _token(self, token_id: int) -> str:
         return self.state.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -80,7 +82,7 @@ class CompletionShaper(_Shaper):
 
     def _response(self, choices, usage=None) -> CompletionResponse:
         sub = self.sub
-        return CompletionResponse(sub.id, sub.created, self.state.model_name, choices, usage=usage)
+        return CompletionResponse(sub.id, sub.created, self.model, choices, usage=usage)
 
     def chunk(self, choice, update):
         if not update.text and not update.finished and not update.logprobs:
@@ -129,7 +131,7 @@ class ChatShaper(_Shaper):
 
     def _chunk(self, choices, usage=None) -> ChatCompletionChunk:
         sub = self.sub
-        return ChatCompletionChunk(sub.id, sub.created, self.state.model_name, choices, usage=usage)
+        return ChatCompletionChunk(sub.id, sub.created, self.model, choices, usage=usage)
 
     def opening(self):
         return [
@@ -172,7 +174,7 @@ class ChatShaper(_Shaper):
         ]
         sub = self.sub
         response = ChatCompletionResponse(
-            sub.id, sub.created, self.state.model_name, choices, usage=self.usage()
+            sub.id, sub.created, self.model, choices, usage=self.usage()
         )
         if self.req.prompt_logprobs is not None:  # one prompt for every choice: vLLM's place
             response.prompt_logprobs = self._prompt_logprobs(sub.choices[0])

@@ -104,7 +104,7 @@ def _refusal(request: Request, exc: Exception) -> Response:
 
 
 def _check_model(state, model: str | None) -> None:
-    if model is not None and model != state.model_name:
+    if model is not None and model != state.model_name and model not in state.model_names:
         raise HttpError(
             404,
             "the model is not served here; GET /v1/models lists it",
@@ -263,14 +263,17 @@ async def _gather(state, sub, shaper, request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     state = request.app.state.vt
-    card = {
-        "id": state.model_name,
-        "object": "model",
-        "created": state.started,
-        "owned_by": "vtllm",
-        "max_model_len": state.max_model_len,
-    }
-    return JSONResponse({"object": "list", "data": [card]})
+    cards = [
+        {
+            "id": name,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "vtllm",
+            "max_model_len": state.max_model_len,
+        }
+        for name in state.model_names or (state.model_name,)
+    ]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 async def health(request: Request) -> Response:

@@ -3,6 +3,8 @@
 Leaf package: imports nothing else of vtllm. Weight matrices are passed as (data, qtype):
 - QType.F32: float32 [N, K]; F16: float16 [N, K]; BF16: uint16 bits [N, K]
 - QType.Q4_0 / Q4_1 / Q8_0: uint8 [N, K // 32 * BLOCK_BYTES[qtype]], GGML block layout, row-major
+- QType.Q2_K .. Q8_K (K-quants): uint8 [N, K // 256 * KQUANT_BYTES[qtype]], GGML super-blocks of
+  256 weights, row-major
 """
 
 from enum import IntEnum
@@ -16,12 +18,37 @@ class QType(IntEnum):
     Q4_0 = 2
     Q4_1 = 3
     Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
     BF16 = 30
 
 
 QK = 32  # weights per quantized block
 BLOCK_BYTES = {QType.Q4_0: 18, QType.Q4_1: 20, QType.Q8_0: 34}
 QUANTIZED = frozenset(BLOCK_BYTES)
+QK_K = 256  # weights per K-quant super-block
+KQUANT_BYTES = {
+    QType.Q2_K: 84,
+    QType.Q3_K: 110,
+    QType.Q4_K: 144,
+    QType.Q5_K: 176,
+    QType.Q6_K: 210,
+    QType.Q8_K: 292,
+}
+KQUANTS = frozenset(KQUANT_BYTES)
+
+
+def block_layout(qtype) -> tuple[int, int] | None:
+    """(weights per block, bytes per block) of a block-quantized type, None for float types."""
+    if qtype in BLOCK_BYTES:
+        return QK, BLOCK_BYTES[qtype]
+    if qtype in KQUANT_BYTES:
+        return QK_K, KQUANT_BYTES[qtype]
+    return None
 
 
 def check_attention_shapes(op, q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc):

@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit
 from numba.core import types
 
+from vtllm.kernels import KQUANTS
 from vtllm.kernels.cpu._simd import carray
 from vtllm.kernels.cpu.quant import dequant_row, weight_rows
 
@@ -56,7 +57,10 @@ def embedding(token_ids: np.ndarray, w: np.ndarray, qtype, out: np.ndarray) -> N
             f"{getattr(out, 'dtype', type(out))} {getattr(out, 'shape', '')}"
         )
     wb = weight_rows(w, qtype, out.shape[1], "embedding")
-    bad = _embedding_kernel(token_ids, wb, int(qtype), out)
+    kernel = _embedding_kernel
+    if qtype in KQUANTS:  # compiled on first use (see linear_kq)
+        from vtllm.kernels.cpu.linear_kq import embedding_kernel as kernel
+    bad = kernel(token_ids, wb, int(qtype), out)
     if bad >= 0:
         raise ValueError(
             f"embedding: token id {token_ids[bad]} at {bad} is outside [0, {w.shape[0]})"

@@ -25,7 +25,7 @@ from numba.core.types import int64 as i64
 from numba.core.types import uint8 as u8
 from numba.core.types import void
 
-from vtllm.kernels import QType
+from vtllm.kernels import KQUANTS, QType
 from vtllm.kernels.cpu._int8simd import prefetch
 from vtllm.kernels.cpu._simd import carray, fma32, hsum, hsum16, vfma, vload, vstore, vzero
 from vtllm.kernels.cpu.quant import (
@@ -276,11 +276,21 @@ def linear(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=None) -
     if m == 0 or n == 0:
         return
     qtype = QType(qtype)
-    if m < GEMM_MIN_M[qtype]:
-        _gemv_kernel(x, wb, int(qtype), bias, out)
+    if qtype in KQUANTS:  # compiled on first use (see linear_kq)
+        from vtllm.kernels.cpu import linear_kq
+
+        gemv, gemm, gemm_min_m = (
+            linear_kq._gemv_kernel,
+            linear_kq._gemm_kernel,
+            linear_kq.GEMM_MIN_M,
+        )
+    else:
+        gemv, gemm, gemm_min_m = _gemv_kernel, _gemm_kernel, GEMM_MIN_M[qtype]
+    if m < gemm_min_m:
+        gemv(x, wb, int(qtype), bias, out)
         return
     tile_rows = NC
     tasks_wanted = TASKS_PER_THREAD * numba.get_num_threads()
     while tile_rows > NC_MIN and -(-n // tile_rows) * -(-m // MC) < tasks_wanted:
         tile_rows //= 2
-    _gemm_kernel(x, wb, int(qtype), bias, out, tile_rows)
+    gemm(x, wb, int(qtype), bias, out, tile_rows)

@@ -11,7 +11,7 @@ uses these same functions, so a weight decodes to the same float everywhere:
 import numpy as np
 from numba import njit
 
-from vtllm.kernels import BLOCK_BYTES, QK, QType
+from vtllm.kernels import BLOCK_BYTES, KQUANTS, QK, QType, block_layout
 from vtllm.kernels.cpu._simd import (
     bf16_to_f32,
     f16_to_f32,
@@ -119,8 +119,9 @@ def dequant_row(w, qt, n, K, dst, dst_off):
 
 
 def row_bytes(qtype: QType, k: int) -> int:
-    if qtype in BLOCK_BYTES:
-        return k // QK * BLOCK_BYTES[qtype]
+    layout = block_layout(qtype)
+    if layout is not None:
+        return k // layout[0] * layout[1]
     return k * _ITEM_BYTES[qtype]
 
 
@@ -130,15 +131,16 @@ def weight_rows(w: np.ndarray, qtype, k: int, op: str) -> np.ndarray:
         qtype = QType(qtype)
     except ValueError:
         raise ValueError(f"{op}: unsupported qtype {qtype!r}") from None
-    want = np.uint8 if qtype in BLOCK_BYTES else _DTYPES[qtype]
+    layout = block_layout(qtype)
+    want = np.uint8 if layout is not None else _DTYPES[qtype]
     if not isinstance(w, np.ndarray) or w.dtype != want or w.ndim != 2:
         raise ValueError(
             f"{op}: {qtype.name} weight must be a 2-D {np.dtype(want)} array, got "
             f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}"
         )
-    if qtype in BLOCK_BYTES and k % QK:
-        raise ValueError(f"{op}: {qtype.name} needs K % {QK} == 0, got K={k}")
-    if w.shape[1] != (row_bytes(qtype, k) if qtype in BLOCK_BYTES else k):
+    if layout is not None and k % layout[0]:
+        raise ValueError(f"{op}: {qtype.name} needs K % {layout[0]} == 0, got K={k}")
+    if w.shape[1] != (row_bytes(qtype, k) if layout is not None else k):
         raise ValueError(f"{op}: {qtype.name} weight shape {w.shape} does not match K={k}")
     if not w.flags.c_contiguous:
         raise ValueError(f"{op}: weight must be C-contiguous")
@@ -155,6 +157,15 @@ def dequantize(w: np.ndarray, qtype) -> np.ndarray:
     if qtype == QType.BF16:
         return (w.astype(np.uint32) << 16).view(np.float32)
     n = w.shape[0]
+    if qtype in KQUANTS:  # gguf-py's decoders, written from ggml's
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize as gguf_dequantize
+
+        if qtype == QType.Q8_K:  # gguf-py has no Q8_K decoder: d (float32) * q
+            blocks = np.ascontiguousarray(w).reshape(-1, 292)
+            d = blocks[:, :4].copy().view(np.float32)
+            return (d * blocks[:, 4:260].view(np.int8).astype(np.float32)).reshape(n, -1)
+        return gguf_dequantize(np.ascontiguousarray(w), GGMLQuantizationType(int(qtype)))
     blocks = w.reshape(-1, BLOCK_BYTES[qtype])
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
     if qtype == QType.Q8_0:

@@ -1,0 +1,167 @@
+"""out = x @ W.T (+ bias) and embedding rows for K-quant weights (Q2_K .. Q8_K), float32
+numerics. Hot path: keep it lean.
+
+The same law as linear.py, whose GEMM microkernel this reuses: every output is
+
+    acc = 16 zero lanes
+    for each 16-wide chunk c of K, in order:  acc = fma(x[m, c], w[n, c], acc)   (lane-wise)
+    out[m, n] = hsum(acc) + bias[n]
+
+with w[n, c] from kquant.kq_chunk (K is a multiple of 256, so there is no tail). Small M runs
+the GEMV (chunks decoded in registers, 4 rows of W per x load, W prefetched); larger M decodes
+a tile of W once into scratch and runs linear's 4x4 microkernel. A separate module from
+linear.py so that a model without K-quants never compiles these kernels: linear() and
+embedding() import it on the first K-quant weight.
+"""
+
+import numpy as np
+from numba import njit, prange
+from numba.core.types import float32 as f32
+from numba.core.types import int32 as i32
+from numba.core.types import int64 as i64
+from numba.core.types import uint8 as u8
+from numba.core.types import void
+
+from vtllm.kernels.cpu._int8simd import prefetch
+from vtllm.kernels.cpu._simd import carray, hsum, vfma, vload, vzero
+from vtllm.kernels.cpu.kquant import (
+    BB_Q2_K,
+    BB_Q3_K,
+    BB_Q4_K,
+    BB_Q5_K,
+    BB_Q6_K,
+    BB_Q8_K,
+    CHUNKS,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+    kq_chunk,
+    kq_dequant_row,
+)
+from vtllm.kernels.cpu.linear import MC, MR, NR, PF_BYTES, _micro
+
+# M from which decoding a tile once beats decoding W per row of x: K-quant chunks cost more
+# to decode than Q4_1's blocks, so tiles pay as early.
+GEMM_MIN_M = 4
+
+_ARGS = (carray(f32, 2, True), carray(u8, 2, True), i64, carray(f32, 1, True), carray(f32, 2))
+_SIG = void(*_ARGS)  # x, w bytes, qtype, bias (empty: none), out
+_GEMM_SIG = void(*_ARGS, i64)  # ..., rows of W per tile
+
+
+@njit(inline="always")
+def _dot4(xf, xo, w, r0, r1, r2, r3, K, qt, bb):
+    """Lanes of x[m] . w[r] for 4 rows of W; inlined with a constant qt (one loop per type)."""
+    a0 = a1 = a2 = a3 = vzero()
+    for s in range(K // 256):
+        o = s * bb
+        for c in range(CHUNKS):
+            xv = vload(xf, xo + s * 256 + c * 16)
+            a0 = vfma(xv, kq_chunk(w, qt, r0 + o, c), a0)
+            a1 = vfma(xv, kq_chunk(w, qt, r1 + o, c), a1)
+            a2 = vfma(xv, kq_chunk(w, qt, r2 + o, c), a2)
+            a3 = vfma(xv, kq_chunk(w, qt, r3 + o, c), a3)
+    return a0, a1, a2, a3
+
+
+@njit(inline="always")
+def _put(out, bias, m, n, acc):
+    if n < out.shape[1]:
+        y = hsum(acc)
+        if bias.shape[0]:
+            y += bias[n]
+        out[m, n] = y
+
+
+@njit(_SIG, nogil=True, parallel=True, cache=True)
+def _gemv_kernel(x, w, qt, bias, out):
+    M, K = x.shape
+    N = out.shape[1]
+    xf = x.reshape(M * K)
+    rb = w.shape[1]
+    for blk in prange((N + NR - 1) // NR):
+        n0 = blk * NR
+        r0 = n0 * rb
+        r1 = min(n0 + 1, N - 1) * rb
+        r2 = min(n0 + 2, N - 1) * rb
+        r3 = min(n0 + 3, N - 1) * rb
+        for c in range(r0 + NR * rb + PF_BYTES, min(r0 + 2 * NR * rb + PF_BYTES, N * rb), 64):
+            prefetch(w, c)  # see linear.PF_BYTES
+        for m in range(M):
+            xo = m * K
+            if qt == Q4_K:
+                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q4_K, BB_Q4_K)
+            elif qt == Q6_K:
+                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q6_K, BB_Q6_K)
+            elif qt == Q5_K:
+                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q5_K, BB_Q5_K)
+            elif qt == Q3_K:
+                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q3_K, BB_Q3_K)
+            elif qt == Q2_K:
+                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q2_K, BB_Q2_K)
+            else:
+                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q8_K, BB_Q8_K)
+            _put(out, bias, m, n0, a0)
+            _put(out, bias, m, n0 + 1, a1)
+            _put(out, bias, m, n0 + 2, a2)
+            _put(out, bias, m, n0 + 3, a3)
+
+
+@njit(inline="always")
+def _decode_tile(w, qt, n0, nc, K, tile):
+    if qt == Q4_K:
+        for i in range(nc):
+            kq_dequant_row(w, Q4_K, n0 + i, K, tile, i * K)
+    elif qt == Q6_K:
+        for i in range(nc):
+            kq_dequant_row(w, Q6_K, n0 + i, K, tile, i * K)
+    elif qt == Q5_K:
+        for i in range(nc):
+            kq_dequant_row(w, Q5_K, n0 + i, K, tile, i * K)
+    elif qt == Q3_K:
+        for i in range(nc):
+            kq_dequant_row(w, Q3_K, n0 + i, K, tile, i * K)
+    elif qt == Q2_K:
+        for i in range(nc):
+            kq_dequant_row(w, Q2_K, n0 + i, K, tile, i * K)
+    else:
+        for i in range(nc):
+            kq_dequant_row(w, Q8_K, n0 + i, K, tile, i * K)
+
+
+@njit(_GEMM_SIG, nogil=True, parallel=True, cache=True)
+def _gemm_kernel(x, w, qt, bias, out, tile_rows):
+    M, K = x.shape
+    N = out.shape[1]
+    xf = x.reshape(M * K)
+    n_panels = (M + MC - 1) // MC
+    for task in prange((N + tile_rows - 1) // tile_rows * n_panels):
+        nt = task // n_panels
+        n0 = nt * tile_rows
+        nc = min(tile_rows, N - n0)
+        m0 = (task - nt * n_panels) * MC
+        tile = np.empty(nc * K, np.float32)  # per-task scratch: W rows n0..n0+nc decoded
+        _decode_tile(w, qt, n0, nc, K, tile)
+        sums = np.empty(MR * NR, np.float32)
+        for mb in range(m0, min(M, m0 + MC), MR):
+            for nb in range(0, nc, NR):
+                _micro(xf, K, M, mb, tile, nb, nc, n0, bias, out, sums)
+
+
+_EMBED_SIG = i64(carray(i32, 1, True), carray(u8, 2, True), i64, carray(f32, 2))
+
+
+@njit(_EMBED_SIG, nogil=True, cache=True)
+def embedding_kernel(token_ids, w, qt, out):
+    """As embedding._embedding_kernel: -1, or the index of the first id outside the table."""
+    T, K = out.shape
+    for t in range(T):
+        if token_ids[t] < 0 or token_ids[t] >= w.shape[0]:
+            return t
+    of = out.reshape(T * K)
+    for t in range(T):
+        kq_dequant_row(w, qt, token_ids[t], K, of, t * K)
+    return -1

@@ -23,7 +23,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "42"}
 CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]}
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
-USAGE_STATS = {"include_usage": True, "continuous_usage_stats": True}
+USAGE_STATS = {"include_usage": True, "continuous_usage_stats": "yes"}  # not a bool
 USAGE_PARAM = "stream_options.continuous_usage_stats"
 STRUCTURED, PREDICTION = "structured_outputs", "prediction"
 
@@ -187,7 +187,7 @@ CASES = [
     ("service-tier", CC, _cc(service_tier="flex"), None, 400, "service_tier"),
     ("reasoning-effort", CC, _cc(reasoning_effort="low"), None, 400, "reasoning_effort"),
     ("web-search", CC, _cc(web_search_options={}), None, 400, "web_search_options"),
-    ("usage-stats", C, _c(stream=True, stream_options=USAGE_STATS), None, 400, USAGE_PARAM),
+    ("usage-stats-str", C, _c(stream=True, stream_options=USAGE_STATS), None, 400, USAGE_PARAM),
     ("max-completion-0", CC, _cc(max_completion_tokens=0), None, 400, "max_completion_tokens"),
     ("max-both-differ", CC, _cc(max_completion_tokens=3), None, 400, "max_completion_tokens"),
     ("tokenize-messages", "/tokenize", {"messages": MSG}, None, 400, "messages"),

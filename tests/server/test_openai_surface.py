@@ -52,3 +52,38 @@ def test_every_served_name_is_listed_accepted_and_echoed(server):
     r = httpx.post(server + C, json={"model": "other", "prompt": "Hi"}, timeout=30)
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
     wait_invariants(server)
+
+
+LONG = "The quick brown fox jumps over the lazy dog. " * 12  # a few KV blocks
+
+
+def test_usage_counts_prompt_tokens_served_from_the_prefix_cache(server):
+    body = {"prompt": LONG, "max_tokens": 1}
+    _post(server, C, body)  # fills the cache
+    usage = _post(server, C, body)["usage"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert 16 <= cached < usage["prompt_tokens"], usage
+    options = {"include_usage": True}
+    chunks = _events(server, C, {**body, "stream": True, "stream_options": options})
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+    fresh = _post(server, C, {"prompt": "Zyx?", "max_tokens": 1})  # shorter than a block
+    assert fresh["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_continuous_usage_stats_put_usage_on_every_chunk(server, include_usage):
+    options = {"include_usage": include_usage, "continuous_usage_stats": True}
+    body = {"max_tokens": 4, "ignore_eos": True, "stream": True, "stream_options": options}
+    for path, extra in ((C, {"prompt": "Hi"}), (CC, {"messages": MSG})):
+        chunks = _events(server, path, {**body, **extra})
+        with_choices = [c for c in chunks if c["choices"]]
+        assert with_choices and all(c["usage"] is not None for c in with_choices), chunks
+        done = [c["usage"]["completion_tokens"] for c in with_choices]
+        assert done == sorted(done) and done[-1] == 4
+        prompt = with_choices[0]["usage"]["prompt_tokens"]
+        assert all(
+            c["usage"]["total_tokens"] == prompt + c["usage"]["completion_tokens"]
+            for c in with_choices
+        )
+        last = chunks[-1]
+        assert (not last["choices"]) == include_usage  # the final usage chunk: only when asked

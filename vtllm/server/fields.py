@@ -111,12 +111,6 @@ def refuse_unsupported(req) -> None:
             accepted, why = DEFAULTS[name]
             if not _asks_for_nothing(raw, accepted):
                 raise InvalidParameter(f"{name}: {why}", param=name)
-    options = getattr(req, "stream_options", None)
-    if options is not None and options.continuous_usage_stats:
-        raise InvalidParameter(
-            "continuous_usage_stats is not supported; include_usage sends usage at the end",
-            param="stream_options.continuous_usage_stats",
-        )
     best_of = getattr(req, "best_of", None)
     if best_of is not None and best_of != req.n:
         raise InvalidParameter("best_of other than n is not supported", param="best_of")

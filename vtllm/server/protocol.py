@@ -56,8 +56,10 @@ ABSENT = msgspec.field(default_factory=msgspec.Raw)  # an Unsupported field not 
 
 
 class StreamOptions(msgspec.Struct):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's; true is refused (fields.py)
+    include_usage: bool = False  # a last chunk with the request's usage
+    # vLLM's: every chunk carries its choice's usage so far. Honoured without include_usage
+    # too (vLLM then sends none): a field that asks for something gets it.
+    continuous_usage_stats: bool = False
 
 
 class _SamplingFields(msgspec.Struct, kw_only=True):
@@ -166,10 +168,15 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 # -- responses -------------------------------------------------------------------------------
 
 
-class Usage(msgspec.Struct):
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionLogprobs(msgspec.Struct):

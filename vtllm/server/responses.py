@@ -13,6 +13,7 @@ from vtllm.server.protocol import (
     CompletionResponse,
     PromptLogprob,
     PromptLogprobs,
+    PromptTokensDetails,
     TopLogprob,
     Usage,
 )
@@ -22,7 +23,9 @@ class _Shaper:
     def __init__(self, state, req, sub):
         self.state, self.req, self.sub = state, req, sub
         self.text = [""] * len(sub.choices)
-        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        options = req.stream_options
+        self.include_usage = bool(options and options.include_usage)
+        self.continuous_usage = bool(options and options.continuous_usage_stats)
         # the name the client asked for (one of the served names), as vLLM answers
         self.model = req.model if req.model in state.model_names else state.model_name
 
@@ -33,7 +36,17 @@ class _Shaper:
         # n choices share one prompt: count it once
         prompt = sum(len(c.prompt_ids) for c in self.sub.choices if c.first_of_prompt)
         completion = sum(len(c.total.token_ids) for c in self.sub.choices)
-        return Usage(prompt, completion, prompt + completion)
+        cached = sum(c.total.num_cached_tokens for c in self.sub.choices if c.first_of_prompt)
+        details = PromptTokensDetails(cached)
+        return Usage(prompt, completion, prompt + completion, details)
+
+    def _running_usage(self, choice) -> Usage | None:
+        """continuous_usage_stats: one choice's usage so far, on each of its chunks (vLLM's
+        shape: per choice, no details)."""
+        if not self.continuous_usage:
+            return None
+        prompt, done = len(choice.prompt_ids), len(choice.total.token_ids)
+        return Usage(prompt, done, prompt + done)
 
     def _prompt_logprobs(self, choice) -> PromptLogprobs:
         """vLLM's shape: None for the first prompt token (nothing predicts it), then the
@@ -55,9 +68,8 @@ class CompletionShaper(_Shaper):
     def opening(self):
         if not self.req.echo:
             return []
-        return [
-            self._response([CompletionChoice(c.index, self._echo(c)) for c in self.sub.choices])
-        ]
+        choices = [CompletionChoice(c.index, self._echo(c)) for c in self.sub.choices]
+        return [self._response(choices, self._running_usage(self.sub.choices[0]))]
 
     def _echo(self, choice) -> str:
         return self.state.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False)
@@ -96,7 +108,8 @@ class CompletionShaper(_Shaper):
                     update.stop_reason if update.finished else None,
                     self._logprobs(update, choice.index),
                 )
-            ]
+            ],
+            self._running_usage(choice),
         )
 
     def usage_chunk(self):
@@ -139,7 +152,8 @@ class ChatShaper(_Shaper):
                 [
                     ChatChunkChoice(c.index, ChatMessageOut(role="assistant", content=""))
                     for c in self.sub.choices
-                ]
+                ],
+                self._running_usage(self.sub.choices[0]),
             )
         ]
 
@@ -155,7 +169,8 @@ class ChatShaper(_Shaper):
                     update.stop_reason if update.finished else None,
                     self._logprobs(update),
                 )
-            ]
+            ],
+            self._running_usage(choice),
         )
 
     def usage_chunk(self):

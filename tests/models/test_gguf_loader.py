@@ -121,9 +121,9 @@ def test_gguf_logits_match_reference_of_dequantized_weights(tmp_path, qtype):
 
 
 def test_unsupported_quant_type_is_named(tmp_path):
-    q4k = (np.zeros((64, 144), np.uint8), GGMLQuantizationType.Q4_K)
-    path, _ = write_tiny_gguf(tmp_path, QType.F32, extra_tensor=("output.weight", *q4k))
-    with pytest.raises(UnsupportedModel, match="output.weight.*Q4_K"):
+    iq2 = (np.zeros((64, 66), np.uint8), GGMLQuantizationType.IQ2_XXS)
+    path, _ = write_tiny_gguf(tmp_path, QType.F32, extra_tensor=("output.weight", *iq2))
+    with pytest.raises(UnsupportedModel, match="output.weight.*IQ2_XXS"):
         load_model(path)
 
 

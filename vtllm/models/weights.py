@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vtllm.kernels import BLOCK_BYTES, QK, QType
+from vtllm.kernels import QType, block_layout
 
 
 @dataclass(slots=True)
@@ -20,8 +20,9 @@ class Weight:
 
 def weight_from_array(data: np.ndarray, qtype: QType, shape: tuple[int, int]) -> Weight:
     rows, cols = shape
-    if qtype in BLOCK_BYTES:
-        expected = (rows, cols // QK * BLOCK_BYTES[qtype])
+    layout = block_layout(qtype)
+    if layout is not None:
+        expected = (rows, cols // layout[0] * layout[1])
     else:
         expected = (rows, cols)
     if tuple(data.shape) != expected:

@@ -45,6 +45,7 @@ class LLM:
             self.tokenizer,
             async_depth=self.config.async_depth,
             shadow_rate=self.config.shadow_check_rate,
+            vocab_size=self.loaded.config.vocab_size,
         )
 
     def close(self) -> None:

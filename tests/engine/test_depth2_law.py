@@ -14,7 +14,7 @@ from vtllm.engine.build import build_parts
 from vtllm.engine.loop import StepLoop
 from vtllm.models.loader import load_model
 from vtllm.models.synthetic import write_checkpoint
-from vtllm.scheduler.sampling_params import SamplingParams
+from vtllm.scheduler.sampling_params import SamplingParams, StructuredOutputs
 
 NUM_REQUESTS = 72
 
@@ -34,6 +34,7 @@ def _workload(vocab: int, seed: int):
         if i % 4 == 0:
             prompt = shared + prompt  # prefix-cache hits
         kind = rng.choice(["greedy", "seeded", "topk", "topp", "minp", "penalties", "bias"])
+        constraint = rng.choice([None, None, None, "regex", "choice", "allowed", "bad_words"])
         params = dict(max_tokens=rng.randint(1, 24), min_tokens=0, ignore_eos=rng.random() < 0.5)
         if kind == "greedy":
             params["temperature"] = 0.0
@@ -49,6 +50,14 @@ def _workload(vocab: int, seed: int):
             params.update(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.7)
         elif kind == "bias":
             params["logit_bias"] = {rng.randrange(3, vocab): 5.0, 2: -3.0}
+        if constraint == "regex":  # masks that change with every token
+            params["structured_outputs"] = StructuredOutputs(regex="[a-e]+( [a-e]+)*[.]")
+        elif constraint == "choice":
+            params["structured_outputs"] = StructuredOutputs(choice=["abc", "bad cab", "e"])
+        elif constraint == "allowed":
+            params["allowed_token_ids"] = rng.sample(range(3, vocab), 8) + [2]
+        elif constraint == "bad_words":
+            params["bad_words"] = ["e", "ta", "o a"]
         if rng.random() < 0.3:
             params["stop_token_ids"] = [rng.randrange(3, vocab) for _ in range(20)]
         if rng.random() < 0.3:
@@ -102,7 +111,14 @@ def _run(tiny, work, depth: int, caching: bool, shadow_rate: float = 0.0):
         max_model_len=128,
     )
     _, scheduler, backend, _ = build_parts(config, tiny)
-    loop = StepLoop(scheduler, backend, tiny.tokenizer, async_depth=depth, shadow_rate=shadow_rate)
+    loop = StepLoop(
+        scheduler,
+        backend,
+        tiny.tokenizer,
+        async_depth=depth,
+        shadow_rate=shadow_rate,
+        vocab_size=tiny.config.vocab_size,
+    )
     results = anyio.run(_serve, loop, work)
     if shadow_rate:
         assert loop.shadow.num_checks > 20 and loop.shadow.num_mismatches == 0
@@ -116,6 +132,7 @@ def _run(tiny, work, depth: int, caching: bool, shadow_rate: float = 0.0):
 def workload(tiny):
     work = _workload(tiny.config.vocab_size, seed=11)
     assert any(params.stop for _, _, params, _ in work)
+    assert sum(params.structured_outputs is not None for _, _, params, _ in work) >= 10
     return work
 
 

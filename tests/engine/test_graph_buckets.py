@@ -49,6 +49,7 @@ def _step(block_tables):
         "sample_rows": flat.sample_rows,
         "sample_slots": [c.slot for c in sampled],
         "sample_positions": [c.start + c.num_tokens for c in sampled],
+        "sample_masks": [1, -1][: len(sampled)],
     }
 
 
@@ -74,6 +75,7 @@ def test_padding_keeps_the_real_step_and_pads_with_inert_rows():
     assert padded["sample_rows"].tolist() == [0, 1, 2, 3]
     assert padded["sample_slots"].tolist() == [2, 0, -1, -1]
     assert padded["sample_positions"].tolist() == [5, 10, 0, 0]
+    assert padded["sample_masks"].tolist() == [1, -1, -1, -1]
     assert fields["token_slots"].shape == (t,)  # the caller's arrays are left alone
 
 

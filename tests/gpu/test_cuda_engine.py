@@ -63,7 +63,13 @@ def _run(
         if device == "cuda":  # the rows that take the decode kernels: by default every
             # row of these steps (max_num_batched_tokens), else split_rows
             assert backend.runner.ops.attn_scratch[0].shape[0] == (split_rows or 64)
-        loop = StepLoop(scheduler, backend, loaded.tokenizer, async_depth=depth)
+        loop = StepLoop(
+            scheduler,
+            backend,
+            loaded.tokenizer,
+            async_depth=depth,
+            vocab_size=loaded.config.vocab_size,
+        )
         results = anyio.run(_serve, loop, work)
         scheduler.check_invariants()
         assert scheduler.num_used_blocks == 0 and not scheduler.requests

@@ -58,6 +58,7 @@ SMOKE = {
     "test_rope.py",
     "test_embedding.py",
     "test_gather.py",
+    "test_token_masks.py",
     "test_device_helpers.py",
     "test_qkv_rope.py",
     "test_logprobs.py",

@@ -15,6 +15,7 @@ import anyio
 import anyio.to_thread
 
 from vtllm.engine.shadow_check import ShadowCheck
+from vtllm.engine.structured import Constraints
 from vtllm.engine.text import TextStream
 from vtllm.errors import VtllmError
 from vtllm.scheduler.output import ERROR, STOP, Delta
@@ -108,11 +109,21 @@ class Tracked:
 
 class StepLoop:
     def __init__(
-        self, scheduler, backend, tokenizer, *, async_depth: int, shadow_rate=0.0, observer=None
+        self,
+        scheduler,
+        backend,
+        tokenizer,
+        *,
+        async_depth: int,
+        shadow_rate=0.0,
+        observer=None,
+        vocab_size: int | None = None,
     ):
         self.scheduler = scheduler
         self.backend = backend
         self.tokenizer = tokenizer
+        # token masks of constrained requests span the logits (vocab_size: the model's width)
+        self.constraints = Constraints(tokenizer, vocab_size or tokenizer.vocab_size)
         self.depth = async_depth
         self.tracked: dict[str, Tracked] = {}
         self._ids = itertools.count()
@@ -164,6 +175,7 @@ class StepLoop:
         if self.dead is not None:
             raise EngineDeadError("the engine has failed; the server is restarting")
         request = Request(request_id, list(prompt_ids), params, seed=seed, priority=priority)
+        request.constraint = self.constraints.build(params)
         self.scheduler.add_request(request)
         mailbox = Collector() if mailbox is None else mailbox
         text = TextStream(self.tokenizer, request.prompt_token_ids, request.sampling)
@@ -204,6 +216,11 @@ class StepLoop:
                     started = perf_counter()
                     plan = scheduler.schedule()
                     if plan is not None:
+                        if scheduler.constrained:
+                            self.host_seconds += perf_counter() - started
+                            if not await self._fill_masks(plan, in_flight):
+                                return
+                            started = perf_counter()
                         if plan.seated and self._queued:
                             self._note_scheduled()
                         self.shadow.before_launch()
@@ -214,21 +231,8 @@ class StepLoop:
                     if plan is not None and len(in_flight) < self.depth:
                         continue
                 if in_flight:
-                    step = in_flight.popleft()
-                    self._wait_since = perf_counter()
-                    # abandon_on_cancel: a hung step must not hold up the shutdown after the
-                    # watchdog declared the engine dead.
-                    result = await anyio.to_thread.run_sync(
-                        backend.collect, step, abandon_on_cancel=True
-                    )
-                    self._wait_seconds += perf_counter() - self._wait_since
-                    self._wait_since = None
-                    if self.dead is not None:
+                    if not await self._collect(in_flight.popleft()):
                         return
-                    started = self.progress_at = perf_counter()
-                    self._deliver(scheduler.update(result))
-                    self.shadow.after_update()
-                    self.host_seconds += perf_counter() - started
                     continue
                 if self.stopping and not scheduler.has_work():
                     return
@@ -249,6 +253,41 @@ class StepLoop:
         except BaseException:
             self.fail_all("the engine stopped while serving this request")
             raise
+
+    async def _collect(self, step) -> bool:
+        """Wait for a launched step and hand its tokens on; False once the engine is dead."""
+        self._wait_since = perf_counter()
+        # abandon_on_cancel: a hung step must not hold up the shutdown after the watchdog
+        # declared the engine dead.
+        result = await anyio.to_thread.run_sync(self.backend.collect, step, abandon_on_cancel=True)
+        self._wait_seconds += perf_counter() - self._wait_since
+        self._wait_since = None
+        if self.dead is not None:
+            return False
+        started = self.progress_at = perf_counter()
+        self._deliver(self.scheduler.update(result))
+        self.shadow.after_update()
+        self.host_seconds += perf_counter() - started
+        return True
+
+    async def _fill_masks(self, plan, in_flight: deque) -> bool:
+        """Token masks of the plan's constrained requests. A mask follows from every earlier
+        token, so a request whose last token is still in flight waits for it: the steps in
+        flight are collected first, and this step runs at depth 1. The depth-2 law holds (the
+        mask sees what depth 1 would), at the cost of the overlap while such requests run;
+        a request's first token (its prompt is known) needs no wait. False once dead."""
+        constrained = self.scheduler.constrained
+        # one placeholder is this plan's own sample; more means an earlier one is in flight
+        if any(r.num_placeholders > 1 for r in constrained):
+            while in_flight:
+                if not await self._collect(in_flight.popleft()):
+                    return False
+        started = perf_counter()
+        plan.token_masks = {
+            r.slot: r.constraint.next_mask() for r in constrained if not r.is_finished
+        }
+        self.host_seconds += perf_counter() - started
+        return True
 
     def time_split(self, now: float) -> tuple[float, float, float]:
         """(host, wait, idle) seconds up to perf_counter() reading `now`, a wait or idle spell

@@ -35,7 +35,12 @@ class ShadowCheck:
         if not self.rate:
             return
         by_slot = {t.request.slot: t.request for t in tracked.values()}
-        self._last = [(c, by_slot[c.slot]) for c in plan.chunks if c.sample and c.slot in by_slot]
+        # constrained requests' tokens follow their masks, which a replay does not apply
+        self._last = [
+            (c, by_slot[c.slot])
+            for c in plan.chunks
+            if c.sample and c.slot in by_slot and by_slot[c.slot].constraint is None
+        ]
 
     def after_update(self) -> None:
         if self._pending is None or not self._pending[0].done():

@@ -53,6 +53,7 @@ _FIELDS = (
     "sample_rows",
     "sample_slots",
     "sample_positions",
+    "sample_masks",  # per sampled row: its row of mask_bits_dev, or -1 (unconstrained)
 )
 _STEP_FIELDS = _FIELDS[:7]  # what the forward reads (models/ops.StepInputs)
 
@@ -117,11 +118,15 @@ class CudaModelRunner(StepRunner):
         self.prompt_staging = PromptStaging(RING, self.max_tokens)
         # staging: step metadata in, sampled ids out, both pinned so copies are asynchronous
         n, S = self.max_tokens, max_num_seqs
-        meta_size = 4 * n + 2 * S + 1 + S * self.max_blocks + 3 * S + 16
+        meta_size = 4 * n + 2 * S + 1 + S * self.max_blocks + 4 * S + 16
         self.meta_dev = cuda.device_array(meta_size, np.int32, stream=s)
         self.meta_host = [cuda.pinned_array(meta_size, np.int32) for _ in range(RING)]
         self.out_tokens_dev = cuda.device_array(S, np.int32, stream=s)
         self.sample_logits = cuda.device_array((S, c.vocab_size), np.float32, stream=s)
+        # constrained rows' packed token masks, row b for sampled row b (executor/runner)
+        words = (c.vocab_size + 31) // 32
+        self.mask_bits_dev = cuda.device_array((S, words), np.int32, stream=s)
+        self.mask_bits_host = [cuda.pinned_array((S, words), np.int32) for _ in range(RING)]
         self.tokens_host = [cuda.pinned_array(S, np.int32) for _ in range(RING)]
         self.sampler_scratch = ops.SamplerScratch.create(S, c.vocab_size, stream=s)
         self.logprobs_dev = ops.LogprobsOut.create(S, stream=s)
@@ -195,6 +200,7 @@ class CudaModelRunner(StepRunner):
             "sample_rows": (B,),
             "sample_slots": (B,),
             "sample_positions": (B,),
+            "sample_masks": (B,),
         }
         offsets, views, at = {}, {}, 0
         for name in _FIELDS:
@@ -230,10 +236,12 @@ class CudaModelRunner(StepRunner):
         finally:
             self.launch_seconds += time.perf_counter() - started
 
-    def _launch(self, flat, chunks, num_logprobs, want_logits: bool) -> InFlight:
+    def _launch(self, flat, chunks, num_logprobs, want_logits: bool, masks) -> InFlight:
         ring, logits_host = self._ring, None
         B = len(chunks)
         fields = self._fields(flat, chunks)
+        if masks:
+            fields["sample_masks"] = self._send_masks(masks, B)
         bucket = self._bucket(flat, B, want_logits)
         if bucket:
             counts = graph_counts(bucket, self.max_num_seqs)
@@ -292,7 +300,18 @@ class CudaModelRunner(StepRunner):
             "sample_rows": flat.sample_rows,
             "sample_slots": [c.slot for c in chunks],
             "sample_positions": [c.start + c.num_tokens for c in chunks],
+            "sample_masks": np.full(len(chunks), -1, np.int32),
         }
+
+    def _send_masks(self, masks, B: int) -> np.ndarray:
+        """Copies the constrained rows' masks to the device; the sample_masks field."""
+        host, rows = self.mask_bits_host[self._ring], np.full(B, -1, np.int32)
+        for b, bits in masks:
+            host[b] = bits
+            rows[b] = b
+        end = masks[-1][0] + 1
+        self.mask_bits_dev[:end].copy_to_device(host[:end], stream=self.stream)
+        return rows
 
     def _inputs(self, views: dict) -> StepInputs:
         return StepInputs(**{name: views[name] for name in _STEP_FIELDS})
@@ -301,6 +320,7 @@ class CudaModelRunner(StepRunner):
         # Logprobs are always requested: rows whose slot wants none are skipped by the kernel,
         # so one captured graph serves batches with and without them.
         out, lp = self.out_tokens_dev[:B], ops.LogprobsOut(*(a[:B] for a in self.logprobs_dev))
+        ops.apply_token_masks(logits, self.mask_bits_dev, views["sample_masks"], stream=self.stream)
         ops.sample(
             logits,
             views["sample_slots"],

@@ -26,10 +26,12 @@ import numpy as np
 from vtllm.executor.cpu_ops import CpuOps
 from vtllm.executor.step_layout import (
     FlatChunks,
+    apply_token_masks,
     extend_block_tables,
     flatten_chunks,
     prompt_logprobs,
     seat_sampling,
+    token_masks,
 )
 from vtllm.kernels.sampling_table import SamplingTable
 from vtllm.models.loader import LoadedModel
@@ -79,8 +81,12 @@ class StepRunner:
     def _sampling_changed(self) -> None:
         """self.sampling changed; the sampler must see it from this step on."""
 
-    def _launch(self, flat: FlatChunks, chunks: list[Chunk], num_logprobs, want_logits: bool):
-        """Starts the forward and the sampler over a step; returns the device's handle."""
+    def _launch(
+        self, flat: FlatChunks, chunks: list[Chunk], num_logprobs, want_logits: bool, masks
+    ):
+        """Starts the forward and the sampler over a step; returns the device's handle.
+        masks: (sampling row, int32 packed token mask) of constrained rows: logits of tokens
+        whose bit is clear become -inf before sampling (and before their logprobs)."""
         raise NotImplementedError
 
     def _collect(self, handle) -> StepOutput:
@@ -123,9 +129,9 @@ class StepRunner:
         chunks = [c for c in plan.chunks if c.sample]
         num_logprobs = [int(self.sampling.num_logprobs[c.slot]) for c in chunks]
         want_logits = any(c.prompt_logprobs for c in plan.chunks)
-        return PendingStep(
-            plan, chunks, num_logprobs, self._launch(flat, chunks, num_logprobs, want_logits)
-        )
+        masks = token_masks(plan.token_masks, chunks) if plan.token_masks else []
+        handle = self._launch(flat, chunks, num_logprobs, want_logits, masks)
+        return PendingStep(plan, chunks, num_logprobs, handle)
 
     def finish(self, pending: PendingStep) -> StepResult:
         plan = pending.plan
@@ -213,7 +219,7 @@ class ModelRunner(StepRunner):
     def _logits(self, flat: FlatChunks) -> np.ndarray:
         return self.model.forward(self._inputs(flat))
 
-    def _launch(self, flat, chunks, num_logprobs, want_logits) -> StepOutput:
+    def _launch(self, flat, chunks, num_logprobs, want_logits, masks) -> StepOutput:
         logits = self._logits(flat)
         n, lp = len(chunks), None
         tokens = np.empty(n, np.int32)
@@ -222,6 +228,9 @@ class ModelRunner(StepRunner):
             positions = np.fromiter((c.start + c.num_tokens for c in chunks), np.int32, n)
             rows = flat.sample_rows
             rows = np.ascontiguousarray(logits[rows]) if len(rows) != len(logits) else logits
+            if masks:
+                rows = rows.copy() if rows is logits else rows  # prompt logprobs read logits
+                apply_token_masks(rows, masks)
             lp = self.ops.LogprobsOut.create(n) if max(num_logprobs) >= 0 else None
             self.ops.sample(
                 rows,

@@ -57,6 +57,24 @@ def flatten_chunks(chunks: list[Chunk], block_tables: np.ndarray, block_size: in
     )
 
 
+def token_masks(masks: dict[int, bytes], chunks: list[Chunk]) -> list[tuple[int, np.ndarray]]:
+    """(sampling row, int32 packed mask) for the sampling chunks whose slot has a mask."""
+    return [
+        (b, np.frombuffer(masks[c.slot], np.int32)) for b, c in enumerate(chunks) if c.slot in masks
+    ]
+
+
+def apply_token_masks(rows: np.ndarray, masks: list[tuple[int, np.ndarray]]) -> None:
+    """rows [B, V] float32 in place: -inf where a row's mask bit is clear (bit t of word
+    t // 32), and past the mask's width."""
+    V = rows.shape[1]
+    for b, bits in masks:
+        allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[:V]
+        row = rows[b]
+        row[len(allowed) :] = -np.inf
+        row[: len(allowed)][allowed == 0] = -np.inf
+
+
 GRAPH_MAX_TOKENS = 4096
 
 
@@ -113,6 +131,7 @@ def pad_step(fields: dict, tokens: int, seqs: int) -> dict:
     out["sample_rows"] = np.arange(seqs, dtype=np.int32)
     out["sample_slots"] = tail("sample_slots", -1, seqs - b)
     out["sample_positions"] = tail("sample_positions", 0, seqs - b)
+    out["sample_masks"] = tail("sample_masks", -1, seqs - b)
     return out
 
 

@@ -38,6 +38,9 @@ class StepPlan(msgspec.Struct, array_like=True):
     seated: list[SeatedRequest]
     chunks: list[Chunk]
     freed_slots: list[int]  # applied before `seated`, so a slot can be freed and reused at once
+    # slot -> packed mask of the tokens its sampled row may take (bit t of int32 word t // 32),
+    # for constrained requests; the engine fills it once their previous tokens are known
+    token_masks: dict[int, bytes] = {}
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True):

@@ -27,6 +27,9 @@ class Request:
     sampling: SamplingParams
     seed: int | None = None  # None: the user's seed, or a random one (fixed for the request)
     priority: int = 0  # lower is served first
+    # What may be sampled next (engine/structured.TokenConstraint, or None): update() feeds it
+    # each token the host learns; the engine asks it for the next step's mask.
+    constraint: object = None
     # Everything below is the scheduler's state; add_request sets the first four.
     arrival: int = _state(0)
     order: tuple[int, int] = _state((0, 0))  # (priority, arrival): queue and preemption order

@@ -48,6 +48,9 @@ class Scheduler:
         # chunks that asked for prompt logprobs) per launched step, oldest first.
         self._in_flight: deque[tuple[int, list[Request], dict[int, Request]]] = deque()
         self._next_step_id = 0
+        # requests of the last plan's sampling chunks that carry a constraint: the engine
+        # fills their token masks before it launches the plan
+        self.constrained: list[Request] = []
         self._arrivals = count()
         self.num_preemptions = 0
 
@@ -200,6 +203,7 @@ class Scheduler:
         self._next_step_id += 1
         plan = StepPlan(step_id, seated, chunks, self._freed_slots)
         self._freed_slots = []
+        self.constrained = [r for r in samplers if r.constraint is not None]
         self._in_flight.append((step_id, samplers, plp_slots))
         return plan
 
@@ -222,6 +226,8 @@ class Scheduler:
             token = sampled.token_id
             out = req.output_token_ids
             out.append(token)
+            if req.constraint is not None:
+                req.constraint.accept(token)
             sampling = req.sampling
             reason = stop_reason = None
             if token in req.stop_ids and len(out) >= sampling.min_tokens:

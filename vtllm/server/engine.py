@@ -89,6 +89,7 @@ def build_state(config: EngineConfig, *, phases: dict | None = None) -> ServerSt
         async_depth=config.async_depth,
         shadow_rate=config.shadow_check_rate,
         observer=MetricsObserver(model_name),
+        vocab_size=loaded.config.vocab_size,
     )
     return ServerState(
         loop=loop,

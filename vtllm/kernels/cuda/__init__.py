@@ -22,7 +22,7 @@ from vtllm.kernels.cuda.linear import linear
 from vtllm.kernels.cuda.logprobs import LogprobsOut, prompt_logprobs
 from vtllm.kernels.cuda.norm import rms_norm
 from vtllm.kernels.cuda.rope import rope_cos_sin, rotary
-from vtllm.kernels.cuda.sampling import SamplerScratch, device_table, sample
+from vtllm.kernels.cuda.sampling import SamplerScratch, apply_token_masks, device_table, sample
 
 
 def empty(shape, dtype=np.float32, *, stream=0):
@@ -37,6 +37,7 @@ __all__ = [
     "WGMMA",
     "LogprobsOut",
     "SamplerScratch",
+    "apply_token_masks",
     "device_table",
     "embedding",
     "empty",

@@ -36,11 +36,11 @@ from vtllm.kernels.cuda.logprobs import (
     launch_sample_logprobs,
     prob,
 )
-from vtllm.kernels.cuda.sampling_adjust import adjusted, launch_adjust
+from vtllm.kernels.cuda.sampling_adjust import adjusted, apply_token_masks, launch_adjust
 from vtllm.kernels.cuda.sampling_select import ABOVE, AT_LEAST, COUNT, MAX_VOCAB, NBINS, select
 from vtllm.kernels.sampling_table import GREEDY_EPS, TABLE_LAYOUT, SamplingTable
 
-__all__ = ["SamplerScratch", "device_table", "sample"]
+__all__ = ["SamplerScratch", "apply_token_masks", "device_table", "sample"]
 
 # 512 threads: the sample kernel needs more than 64 registers a thread, so 1024 would not fit
 # an SM's 64K registers

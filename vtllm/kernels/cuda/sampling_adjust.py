@@ -7,12 +7,17 @@ Only rows that ask for one of them are touched: such a row's float64 logits go t
 scratch.values[b] and get adjusted there; the sampler reads them from there (adjusted()).
 Penalties count tokens in scratch.counts[b], which is all zeros between calls: the first
 thread to claim a token (atomic exchange back to 0) applies its penalty and leaves the zero.
+
+apply_token_masks runs before all of that, on the logits themselves: a constrained request's
+packed mask (structured outputs, allowed ids, bad words) sets the tokens it forbids to -inf,
+so the sampler and the logprobs see the masked distribution, as on the CPU.
 """
 
 import numpy as np
 from numba import cuda
 
-from vtllm.kernels.cuda._device import imin
+from vtllm.kernels.cuda._device import SIMULATOR, imin
+from vtllm.kernels.cuda._host import check
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 _SEEN = np.int32(1 << 30)  # flag: the token occurs in the history; low bits count the output
@@ -130,3 +135,35 @@ def launch_adjust(logits, slots, positions, table, token_ids, scratch, threads, 
         scratch.values,
         scratch.counts,
     )
+
+
+MASK_THREADS = 32 if SIMULATOR else 256
+MASK_BLOCKS = 2 if SIMULATOR else 64  # per row; a grid-stride loop covers the rest
+
+
+@cuda.jit(cache=True)
+def _token_mask_kernel(logits, bits, mask_rows):
+    grid_dependency_sync()
+    b = cuda.blockIdx.y
+    r = mask_rows[b]
+    if r < 0 or r >= bits.shape[0]:
+        return  # an unconstrained row (or padding): the common case costs one read
+    V, W = logits.shape[1], bits.shape[1]
+    step = cuda.gridDim.x * cuda.blockDim.x
+    for t in range(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x, V, step):
+        w = t >> 5
+        if w >= W or (bits[r, w] >> (t & 31)) & 1 == 0:
+            logits[b, t] = -np.inf
+
+
+def apply_token_masks(logits, bits, mask_rows, *, stream=0) -> None:
+    """Constrained decoding: logits[b, t] = -inf unless bit t of bits[mask_rows[b]] is set
+    (bit t % 32 of int32 word t // 32; tokens past the mask's width are masked too). Rows with
+    mask_rows[b] < 0 are left as they are. logits [B, V] float32 in place; bits [M, W] int32;
+    mask_rows [B] int32 (device values: out-of-range rows count as unmasked)."""
+    check("apply_token_masks", "logits", logits, np.float32, 2)
+    check("apply_token_masks", "bits", bits, np.int32, 2)
+    B = logits.shape[0]
+    check("apply_token_masks", "mask_rows", mask_rows, np.int32, 1, (B,))
+    if B:
+        _token_mask_kernel[(MASK_BLOCKS, B), MASK_THREADS, stream](logits, bits, mask_rows)

@@ -26,6 +26,8 @@ SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
 USAGE_STATS = {"include_usage": True, "continuous_usage_stats": "yes"}  # not a bool
 USAGE_PARAM = "stream_options.continuous_usage_stats"
 STRUCTURED, PREDICTION = "structured_outputs", "prediction"
+TRUNCATE, CONTINUE, M = "truncate_prompt_tokens", "continue_final_message", "messages"
+CONTINUE_USER = {"continue_final_message": True, "add_generation_prompt": False}
 
 
 def _c(**fields):
@@ -168,12 +170,17 @@ CASES = [
     ("prompt-logprobs-stream", C, _c(prompt_logprobs=1, stream=True), None, 400, "prompt_logprobs"),
     ("priority-str", C, _c(priority="high"), None, 400, "priority"),  # honoured when an int
     ("priority-float", CC, _cc(priority=1.5), None, 400, "priority"),
-    ("truncate-prompt", C, _c(truncate_prompt_tokens=5), None, 400, "truncate_prompt_tokens"),
+    ("truncate-over-context", C, _c(truncate_prompt_tokens=10**6), None, 400, TRUNCATE),
+    ("truncate-below-minus-1", CC, _cc(truncate_prompt_tokens=-2), None, 400, TRUNCATE),
+    ("truncate-zero", C, _c(truncate_prompt_tokens=0), None, 400, TRUNCATE),
+    ("truncate-str", C, _c(truncate_prompt_tokens="5"), None, 400, TRUNCATE),
     ("bad-words", CC, _cc(bad_words=["x"]), None, 400, "bad_words"),
     ("allowed-token-ids", C, _c(allowed_token_ids=[1, 2]), None, 400, "allowed_token_ids"),
     ("suffix", C, _c(suffix="}"), None, 400, "suffix"),
     ("template-kwargs", CC, _cc(chat_template_kwargs={"x": 1}), None, 400, "chat_template_kwargs"),
-    ("continue-final", CC, _cc(continue_final_message=True), None, 400, "continue_final_message"),
+    ("continue-final-and-generation", CC, _cc(continue_final_message=True), None, 400, CONTINUE),
+    ("continue-final-user-turn", CC, _cc(**CONTINUE_USER), None, 400, CONTINUE),
+    ("continue-final-str", CC, _cc(continue_final_message="yes"), None, 400, CONTINUE),
     ("chat-template", CC, _cc(chat_template="{{ 1 }}"), None, 400, "chat_template"),
     ("chat-echo", CC, _cc(echo=True), None, 400, "echo"),
     ("beam-search", C, _c(use_beam_search=True), None, 400, "use_beam_search"),
@@ -190,7 +197,9 @@ CASES = [
     ("usage-stats-str", C, _c(stream=True, stream_options=USAGE_STATS), None, 400, USAGE_PARAM),
     ("max-completion-0", CC, _cc(max_completion_tokens=0), None, 400, "max_completion_tokens"),
     ("max-both-differ", CC, _cc(max_completion_tokens=3), None, 400, "max_completion_tokens"),
-    ("tokenize-messages", "/tokenize", {"messages": MSG}, None, 400, "messages"),
+    ("tokenize-messages-and-prompt", "/tokenize", {"messages": MSG, "prompt": "x"}, None, 400, M),
+    ("tokenize-messages-empty", "/tokenize", {"messages": []}, None, 400, "messages"),
+    ("tokenize-messages-str", "/tokenize", {"messages": "hi"}, None, 400, "messages"),
     # nesting: msgspec's depth guard must answer 400, not crash the handler
     ("deep-prompt", C, b'{"prompt": ' + b"[" * DEEP + b"]" * DEEP + b"}", J, 400, None),
     ("deep-unknown-field", C, b'{"x": ' + b"[" * DEEP + b"]" * DEEP + b', "prompt": "a"}', J),

@@ -87,3 +87,68 @@ def test_continuous_usage_stats_put_usage_on_every_chunk(server, include_usage):
         )
         last = chunks[-1]
         assert (not last["choices"]) == include_usage  # the final usage chunk: only when asked
+
+
+def _tokenize(base, **body) -> list[int]:
+    r = httpx.post(base + "/tokenize", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def _detokenize(base, ids) -> str:
+    return httpx.post(base + "/detokenize", json={"tokens": ids}, timeout=60).json()["prompt"]
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(server):
+    ids = [504 + i % 300 for i in range(1100)]  # longer than the context (1024)
+    body = {"prompt": ids, "max_tokens": 1, "echo": True, "truncate_prompt_tokens": 10}
+    out = _post(server, C, body)
+    assert out["usage"]["prompt_tokens"] == 10
+    assert out["choices"][0]["text"].startswith(_detokenize(server, ids[-10:]))
+    text = _post(server, C, {**body, "prompt": LONG * 40, "echo": False})  # 20k characters
+    assert text["usage"]["prompt_tokens"] == 10
+    whole = _post(server, C, {**body, "prompt": ids[:20], "truncate_prompt_tokens": -1})
+    assert whole["usage"]["prompt_tokens"] == 20  # -1: the context, as in vLLM
+    chat = {"messages": MSG, "max_tokens": 1, "truncate_prompt_tokens": 5}
+    assert _post(server, CC, chat)["usage"]["prompt_tokens"] == 5
+    for keep in (0, -2, 1025):
+        r = httpx.post(server + CC, json={**chat, "truncate_prompt_tokens": keep}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+TURN = [*MSG, {"role": "assistant", "content": "The sky is"}]
+
+
+def test_continue_final_message_ends_the_prompt_inside_the_assistant_turn(server):
+    cont = {"messages": TURN, "add_generation_prompt": False, "continue_final_message": True}
+    ids = _tokenize(server, **cont)
+    assert _detokenize(server, ids).endswith("assistant\nThe sky is")  # no end of turn
+    closed = _tokenize(server, messages=TURN, add_generation_prompt=False)
+    assert len(closed) > len(ids) and closed[: len(ids)] == ids
+    out = _post(server, CC, {**cont, "max_tokens": 3, "ignore_eos": True})
+    assert out["usage"]["prompt_tokens"] == len(ids)
+    bad = [
+        {**cont, "add_generation_prompt": True},  # vLLM: not both
+        {**cont, "messages": MSG},  # the last turn is the user's
+        {**cont, "messages": [*MSG, {"role": "assistant", "content": " "}]},  # nothing to go on
+    ]
+    for body in bad:
+        r = httpx.post(server + CC, json={**body, "max_tokens": 1}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+
+
+def test_tokenize_messages_gives_the_chat_prompt(server):
+    ids = _tokenize(server, messages=MSG)
+    usage = _post(server, CC, {"messages": MSG, "max_tokens": 1})["usage"]
+    assert usage["prompt_tokens"] == len(ids)
+    assert _detokenize(server, ids).endswith("Name a colour.\nassistant\n")  # specials skipped
+    plain = _tokenize(server, messages=MSG, add_generation_prompt=False)
+    assert ids[: len(plain)] == plain and len(ids) > len(plain)
+    for body, param in (
+        ({"messages": MSG, "prompt": "x"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({}, "prompt"),
+    ):
+        r = httpx.post(server + "/tokenize", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -68,3 +68,19 @@ def render_chat(
         raise TemplateError(
             "chat template failed to render: out of memory", param="messages"
         ) from None
+
+
+def cut_after_final(text: str, final: str) -> str:
+    """continue_final_message: the rendered chat (without a generation prompt) cut right after
+    the final message's text, so that no end-of-turn marker follows and the model continues
+    that message. As transformers cuts it (vLLM's behaviour): at the text's last occurrence,
+    its surrounding whitespace stripped."""
+    content = final.strip()
+    at = text.rfind(content) if content else -1
+    if at < 0:
+        raise TemplateError(
+            "continue_final_message: the final message's text must be non-empty and appear "
+            "verbatim in the rendered chat",
+            param="continue_final_message",
+        )
+    return text[: at + len(content)]

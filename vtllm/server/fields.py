@@ -45,7 +45,6 @@ DEFAULTS: dict[str, tuple[tuple, str]] = {
     "tool_choice": ((None, "none"), _TOOLS),
     "functions": ((None, []), _TOOLS),
     "function_call": ((None, "none"), _TOOLS),
-    "truncate_prompt_tokens": ((None,), _SAMPLING),
     "bad_words": ((None, []), _SAMPLING),
     "allowed_token_ids": ((None,), _SAMPLING),
     "logits_processors": ((None, []), _SAMPLING),
@@ -61,7 +60,6 @@ DEFAULTS: dict[str, tuple[tuple, str]] = {
     "suffix": ((None, ""), _SAMPLING),
     "chat_template": ((None,), _CHAT),
     "chat_template_kwargs": ((None, {}), _CHAT),
-    "continue_final_message": ((None, False), _CHAT),
     "documents": ((None, []), _CHAT),
     "mm_processor_kwargs": ((None, {}), _CHAT),
     "echo": ((None, False), _CHAT),
@@ -74,7 +72,6 @@ DEFAULTS: dict[str, tuple[tuple, str]] = {
     "store": ((None, False), _STORED),
     "metadata": ((None, {}), _STORED),
     "service_tier": ((None, "auto", "default"), "service tiers are not supported"),
-    "messages": ((None,), "not supported yet on /tokenize; send a prompt"),  # chat's are honoured
 }
 _SHORT = 256  # bytes: a longer value is not a default, and is refused without decoding it
 _ANY = msgspec.json.Decoder()

@@ -97,7 +97,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     guided_decoding_backend: Unsupported = ABSENT
     guided_whitespace_pattern: Unsupported = ABSENT
     # vLLM's other sampling and output extras
-    truncate_prompt_tokens: Unsupported = ABSENT
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
     bad_words: Unsupported = ABSENT
     allowed_token_ids: Unsupported = ABSENT
     logits_processors: Unsupported = ABSENT
@@ -138,7 +138,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     function_call: Unsupported = ABSENT
     chat_template: Unsupported = ABSENT
     chat_template_kwargs: Unsupported = ABSENT
-    continue_final_message: Unsupported = ABSENT
+    continue_final_message: bool = False  # vLLM's: the prompt ends inside the last message
     documents: Unsupported = ABSENT
     mm_processor_kwargs: Unsupported = ABSENT
     echo: Unsupported = ABSENT
@@ -156,7 +156,10 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 class TokenizeRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     prompt: str | msgspec.UnsetType = msgspec.UNSET
-    messages: Unsupported = ABSENT
+    # vLLM's chat form: the ids a chat request with these messages is prompted with
+    messages: Messages = msgspec.field(default_factory=msgspec.Raw)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     add_special_tokens: bool = True
 
 

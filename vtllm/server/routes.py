@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 
 from vtllm import __version__
 from vtllm.errors import InvalidParameter, VtllmError
-from vtllm.models.chat_template import render_chat
+from vtllm.models.chat_template import cut_after_final, render_chat
 from vtllm.scheduler.output import ERROR
 from vtllm.server import preprocess, responses
 from vtllm.server.admission import DISCONNECTED_AT, admit, admit_prompt_tokens
@@ -37,6 +37,8 @@ from vtllm.server.validate import (
     check_fan_out,
     check_fits,
     completion_prompts,
+    continues_final_message,
+    prompt_truncation,
     sampling_params,
 )
 
@@ -168,12 +170,18 @@ async def chat_completions(request: Request) -> Response:
         refuse_unsupported(req)
         cfg = state.config
         tok, max_chars = state.tokenizer, cfg.server_max_prompt_chars
+        keep = prompt_truncation(req, state.max_model_len)
 
         def prepare() -> list[int]:  # one thread hop: checks, template, tokenizer
             messages = chat_messages(req, max_chars)
+            cont = continues_final_message(req, messages)
             text = _render(tok, messages, req.add_generation_prompt, max_chars)
-            check_fits(tok, text, state.max_model_len)
-            return tok.encode(text)
+            if cont:
+                text = cut_after_final(text, messages[-1]["content"])
+            if keep is None:  # else any length fits once cut
+                check_fits(tok, text, state.max_model_len)
+            ids = tok.encode(text)
+            return ids if keep is None else ids[-keep:]
 
         prompt = await preprocess.run(prepare)
         params = sampling_params(req, chat=True, max_new_tokens=cfg.server_max_new_tokens)
@@ -285,17 +293,32 @@ async def version(_request: Request) -> Response:
     return JSONResponse({"version": __version__})
 
 
+def _chat_ids(state, req) -> list[int]:
+    """/tokenize's messages through the chat template, as the chat route renders them."""
+    tok, max_chars = state.tokenizer, state.config.server_max_prompt_chars
+    messages = chat_messages(req, max_chars)
+    cont = continues_final_message(req, messages)
+    text = _render(tok, messages, req.add_generation_prompt, max_chars)
+    if cont:
+        text = cut_after_final(text, messages[-1]["content"])
+    return tok.encode(text, add_special_tokens=req.add_special_tokens)
+
+
 async def tokenize(request: Request) -> Response:
     state = request.app.state.vt
     try:
         req = await read_request(request, tokenize_decoder, "tokenize")
         _check_model(state, req.model)
         refuse_unsupported(req)
-        if isinstance(req.prompt, str):
+        if len(req.messages) and isinstance(req.prompt, str):
+            raise InvalidParameter("send a prompt or messages, not both", param="messages")
+        if len(req.messages):
+            ids = await preprocess.run(partial(_chat_ids, state, req), len(req.messages))
+        elif isinstance(req.prompt, str):
             ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
             raise HttpError(
-                400, "prompt is required", type_="invalid_request_error", param="prompt"
+                400, "prompt or messages is required", type_="invalid_request_error", param="prompt"
             )
     except (VtllmError, ValueError) as exc:
         return _refusal(request, exc)

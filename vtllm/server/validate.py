@@ -18,6 +18,7 @@ ROLES = frozenset({"system", "developer", "user", "assistant"})
 TOOL_ROLES = frozenset({"tool", "function"})  # OpenAI's, refused until tool calling lands
 
 
+_UNBOUNDED = 1 << 62  # a prompt length no context reaches
 _ANY = msgspec.json.Decoder()
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
 _INT_LIST_BYTES = b"0123456789-, \t\r\n"  # all a JSON list of integers is made of, but [ ]
@@ -56,10 +57,21 @@ def _context_exceeded(max_len: int, count: int) -> ContextLengthExceeded:
 
 
 def completion_prompts(
-    req: CompletionRequest, tokenizer, vocab: int, max_chars: int, max_len: int = 1 << 62
+    req: CompletionRequest,
+    tokenizer,
+    vocab: int,
+    max_chars: int,
+    max_len: int = _UNBOUNDED,
+    *,
+    truncate: bool = True,
 ):
     """Every prompt of a completion request as token ids (tokenizing text). A token-id prompt
-    longer than `max_len` (the context) is refused from its bytes, before it is decoded."""
+    longer than `max_len` (the context) is refused from its bytes, before it is decoded,
+    unless truncate_prompt_tokens keeps only its tail."""
+    keep = prompt_truncation(req, max_len) if truncate else None
+    if keep is not None:  # any length fits once cut: the body and character caps bound it
+        out = completion_prompts(req, tokenizer, vocab, max_chars, _UNBOUNDED, truncate=False)
+        return [p[-keep:] for p in out]
     count = _too_many_ids(req.prompt, max_len)
     if count is not None:
         raise _context_exceeded(max_len, count)
@@ -101,6 +113,41 @@ def completion_prompts(
         else:
             raise InvalidParameter("each prompt is a string or a list of token ids", param="prompt")
     return out
+
+
+def prompt_truncation(req, max_len: int) -> int | None:
+    """How many prompt tokens truncate_prompt_tokens keeps, the last ones (None: all, and a
+    longer prompt is refused). -1 is the context, as vLLM takes it."""
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return None
+    if keep == -1:
+        return max_len
+    if not 1 <= keep <= max_len:
+        raise InvalidParameter(
+            f"truncate_prompt_tokens must be -1 (the context) or in [1, {max_len}]",
+            param="truncate_prompt_tokens",
+        )
+    return keep
+
+
+def continues_final_message(req, messages: list[dict]) -> bool:
+    """Whether the prompt ends inside the final message, which must be the assistant's;
+    add_generation_prompt (true by default, as in vLLM) must then be turned off."""
+    if not req.continue_final_message:
+        return False
+    if req.add_generation_prompt:
+        raise InvalidParameter(
+            "continue_final_message and add_generation_prompt cannot both be true "
+            "(add_generation_prompt defaults to true)",
+            param="continue_final_message",
+        )
+    if messages[-1]["role"] != "assistant":
+        raise InvalidParameter(
+            "continue_final_message needs the last message to be the assistant's",
+            param="continue_final_message",
+        )
+    return True
 
 
 def check_fits(tokenizer, text: str, max_len: int) -> None:

@@ -183,6 +183,9 @@ CASES = [
     ("continue-final-str", CC, _cc(continue_final_message="yes"), None, 400, CONTINUE),
     ("chat-template", CC, _cc(chat_template="{{ 1 }}"), None, 400, "chat_template"),
     ("chat-echo", CC, _cc(echo=True), None, 400, "echo"),
+    ("echo-str", C, _c(echo="yes"), None, 400, "echo"),  # honoured on completions
+    ("echo-logprobs-21", C, _c(echo=True, logprobs=21), None, 400, "logprobs"),
+    ("echo-max-tokens-neg", C, _c(echo=True, max_tokens=-1), None, 400, "max_tokens"),
     ("beam-search", C, _c(use_beam_search=True), None, 400, "use_beam_search"),
     ("length-penalty", C, _c(length_penalty=2), None, 400, "length_penalty"),
     ("cache-salt", CC, _cc(cache_salt="s"), None, 400, "cache_salt"),

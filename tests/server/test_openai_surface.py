@@ -152,3 +152,43 @@ def test_tokenize_messages_gives_the_chat_prompt(server):
     ):
         r = httpx.post(server + "/tokenize", json=body, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+IDS = [504, 1535, 314, 253, 2641, 30]  # a prompt as token ids
+
+
+def test_echo_with_logprobs_leads_with_the_prompt_tokens(server):
+    body = {"prompt": IDS, "max_tokens": 3, "echo": True, "logprobs": 2, "temperature": 0}
+    choice = _post(server, C, body)["choices"][0]
+    lp, n = choice["logprobs"], len(IDS)
+    assert len(lp["tokens"]) == n + len(choice["logprobs"]["tokens"][n:]) > n and choice[
+        "text"
+    ].startswith("".join(lp["tokens"][:n]))
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None  # nothing predicts it
+    assert all(v <= 0 for v in lp["token_logprobs"][1:])
+    assert all(1 <= len(top) <= 2 for top in lp["top_logprobs"][1:])
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    scored = _post(server, C, {"prompt": IDS, "max_tokens": 1, "prompt_logprobs": 0})
+    entries = scored["choices"][0]["prompt_logprobs"][1:]
+    own = [e[str(t)]["logprob"] for t, e in zip(IDS[1:], entries, strict=True)]
+    assert lp["token_logprobs"][1:n] == pytest.approx(own, abs=1e-4)
+    chunks = _events(server, C, {**body, "stream": True})
+    streamed = [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert (
+        streamed == lp["tokens"]
+        and "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_0_scores_the_prompt(server, stream):
+    body = {"prompt": IDS, "max_tokens": 0, "echo": True, "logprobs": 1, "stream": stream}
+    if stream:
+        chunks = _events(server, C, body)
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        tokens = [t for c in chunks for t in (c["choices"][0]["logprobs"] or {}).get("tokens", [])]
+        reason = chunks[-1]["choices"][0]["finish_reason"]
+    else:
+        choice = _post(server, C, body)["choices"][0]
+        text, tokens, reason = choice["text"], choice["logprobs"]["tokens"], choice["finish_reason"]
+    assert text == _detokenize(server, IDS) and len(tokens) == len(IDS) and reason == "length"

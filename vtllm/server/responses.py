@@ -52,21 +52,32 @@ class _Shaper:
         """vLLM's shape: None for the first prompt token (nothing predicts it), then the
         token's own logprob and its top alternatives, keyed by token id."""
         out: PromptLogprobs = [None]
+        k = self.req.prompt_logprobs  # echo may have asked the engine for more
         for lp in choice.total.prompt_logprobs:
             entry = {str(lp.token_id): PromptLogprob(lp.logprob, lp.rank, self._token(lp.token_id))}
-            for rank, (t, v) in enumerate(zip(lp.top_ids, lp.top_logprobs, strict=True), 1):
+            pairs = zip(lp.top_ids[:k], lp.top_logprobs[:k], strict=True)
+            for rank, (t, v) in enumerate(pairs, 1):
                 entry.setdefault(str(t), PromptLogprob(v, rank, self._token(t)))
             out.append(entry)
         return out
 
 
 class CompletionShaper(_Shaper):
+    """echo puts the prompt's text first (streamed: in an opening chunk). With logprobs, as in
+    vLLM, the prompt's tokens lead the logprobs too (the first one's None: nothing predicts
+    it); streamed, that chunk waits for the choice's first token, which follows its prompt
+    logprobs. echo with max_tokens 0 scores a prompt: the one token generated to run it is
+    not shown."""
+
     def __init__(self, state, req, sub):
         super().__init__(state, req, sub)
         self.text_offset = [0] * len(sub.choices)  # per choice, across streamed chunks
+        self.echo_logprobs = req.echo and req.logprobs is not None
+        self.echo_only = req.echo and req.max_tokens == 0
+        self.echoed = [not self.echo_logprobs] * len(sub.choices)  # streamed with logprobs
 
     def opening(self):
-        if not self.req.echo:
+        if not self.req.echo or self.echo_logprobs:
             return []
         choices = [CompletionChoice(c.index, self._echo(c)) for c in self.sub.choices]
         return [self._response(choices, self._running_usage(self.sub.choices[0]))]
@@ -74,39 +85,54 @@ class CompletionShaper(_Shaper):
     def _echo(self, choice) -> str:
         return self.state.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False)
 
-    def _logprobs(self, update, index: int | None = None) -> CompletionLogprobs | None:
-        """`index` given (streaming): offsets continue from that choice's earlier chunks."""
+    def _logprobs(self, update, index=None, echo=None) -> CompletionLogprobs | None:
+        """`index` given (streaming): offsets continue from that choice's earlier chunks;
+        `echo` (a choice): its prompt's tokens come first."""
         if self.req.logprobs is None:
             return None
-        lps = update.logprobs
-        tokens = [self._token(lp.token_id) for lp in lps]
-        tops = [
-            {self._token(t): v for t, v in zip(lp.top_ids, lp.top_logprobs, strict=True)}
-            for lp in lps
-        ]
+        k = self.req.logprobs  # the prompt's entries may hold more (prompt_logprobs)
+        entries = [] if self.echo_only else update.logprobs
+        tokens, values, tops = [], [], []
+        if echo is not None:
+            tokens.append(self._token(echo.prompt_ids[0]))
+            values.append(None)
+            tops.append(None)
+            entries = [*echo.total.prompt_logprobs, *entries]
+        for lp in entries:
+            tokens.append(self._token(lp.token_id))
+            values.append(lp.logprob)
+            pairs = zip(lp.top_ids[:k], lp.top_logprobs[:k], strict=True)
+            tops.append({self._token(t): v for t, v in pairs})
         offsets, pos = [], 0 if index is None else self.text_offset[index]
         for t in tokens:
             offsets.append(pos)
             pos += len(t)
         if index is not None:
             self.text_offset[index] = pos
-        return CompletionLogprobs(tokens, [lp.logprob for lp in lps], tops, offsets)
+        return CompletionLogprobs(tokens, values, tops, offsets)
 
     def _response(self, choices, usage=None) -> CompletionResponse:
         sub = self.sub
         return CompletionResponse(sub.id, sub.created, self.model, choices, usage=usage)
 
     def chunk(self, choice, update):
-        if not update.text and not update.finished and not update.logprobs:
+        text = "" if self.echo_only else update.text
+        echo = None
+        if not self.echoed[choice.index]:
+            if not update.token_ids and not update.finished:
+                return None  # prompt logprobs still coming
+            self.echoed[choice.index], echo = True, choice
+            text = self._echo(choice) + text
+        elif not text and not update.finished and (self.echo_only or not update.logprobs):
             return None
         return self._response(
             [
                 CompletionChoice(
                     choice.index,
-                    update.text,
+                    text,
                     update.finish_reason if update.finished else None,
                     update.stop_reason if update.finished else None,
-                    self._logprobs(update, choice.index),
+                    self._logprobs(update, choice.index, echo),
                 )
             ],
             self._running_usage(choice),
@@ -118,9 +144,11 @@ class CompletionShaper(_Shaper):
     def final(self) -> CompletionResponse:
         choices = []
         for c in self.sub.choices:
-            text = (self._echo(c) if self.req.echo else "") + c.total.text
+            shown = "" if self.echo_only else c.total.text
+            text = (self._echo(c) if self.req.echo else "") + shown
+            logprobs = self._logprobs(c.total, echo=c if self.echo_logprobs else None)
             choice = CompletionChoice(
-                c.index, text, c.total.finish_reason, c.total.stop_reason, self._logprobs(c.total)
+                c.index, text, c.total.finish_reason, c.total.stop_reason, logprobs
             )
             if self.req.prompt_logprobs is not None:
                 choice.prompt_logprobs = self._prompt_logprobs(c)

@@ -236,6 +236,8 @@ def sampling_params(req, *, chat: bool, max_new_tokens: int) -> SamplingParams:
             raise InvalidParameter(f"{name} must be at least 1", param=name)
     if max_tokens is None and not chat:
         max_tokens = 16  # the OpenAI default for completions
+    if not chat and req.echo and max_tokens == 0:  # vLLM's way to score a prompt
+        max_tokens = 1  # runs the prompt; the shaper shows no output
     if max_tokens is not None and max_tokens > max_new_tokens:
         raise ContextLengthExceeded(
             f"{name} is {max_tokens}; this server generates at most {max_new_tokens}",
@@ -277,10 +279,17 @@ def sampling_params(req, *, chat: bool, max_new_tokens: int) -> SamplingParams:
         stop_token_ids=req.stop_token_ids or [],
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
-        prompt_logprobs=req.prompt_logprobs,
+        prompt_logprobs=_prompt_logprobs(req, chat),
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
     )
+
+
+def _prompt_logprobs(req, chat: bool) -> int | None:
+    """echo with logprobs returns the prompt tokens' logprobs too, as vLLM does."""
+    if chat or not req.echo or req.logprobs is None:
+        return req.prompt_logprobs
+    return max(req.prompt_logprobs or 0, req.logprobs)
 
 
 def check_fan_out(num_prompts: int, n: int) -> None:

@@ -88,7 +88,7 @@ def build_state(config: EngineConfig, *, phases: dict | None = None) -> ServerSt
         loaded.tokenizer,
         async_depth=config.async_depth,
         shadow_rate=config.shadow_check_rate,
-        observer=MetricsObserver(model_name),
+        observer=MetricsObserver(model_name, max_model_len),
         vocab_size=loaded.config.vocab_size,
     )
     return ServerState(

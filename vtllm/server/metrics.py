@@ -1,4 +1,5 @@
-"""GET /metrics: Prometheus metrics named after vLLM's, under a `vt:` prefix.
+"""GET /metrics: Prometheus metrics named after vLLM's, under a `vt:` prefix, and vLLM's own
+names beside them (vllm_metrics.py).
 
 Counters and histograms are fed by the step loop through `MetricsObserver`; gauges are read
 from the scheduler when scraped. Each server has its own registry.
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from vtllm.scheduler.output import ABORT
+from vtllm.server.vllm_metrics import VllmMetrics
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -65,8 +67,9 @@ _DISCONNECT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 
 
 class MetricsObserver:
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, max_model_len: int = 4096):
         self.registry = registry = CollectorRegistry()
+        self.vllm = VllmMetrics(registry, model_name, max_model_len)
         labels = ["model_name"]
         self.labels = {"model_name": model_name}
 
@@ -152,11 +155,13 @@ class MetricsObserver:
 
     def on_added(self, tracked) -> None:
         self.accepted.inc()
+        self.vllm.on_added(tracked)
 
     def on_scheduled(self, tracked, now: float) -> None:
         self.queue_time.observe(now - tracked.added_at)
 
     def on_tokens(self, tracked, n: int, now: float) -> None:
+        self.vllm.on_tokens(tracked, n, now)
         self.generation_tokens.inc(n)
         if tracked.last_token_at == 0.0:
             self.ttft.observe(now - tracked.added_at)
@@ -168,6 +173,7 @@ class MetricsObserver:
                 self.itl.observe(gap)
 
     def on_finish(self, tracked, update, now: float) -> None:
+        self.vllm.on_finish(tracked, update, now)
         self.e2e.observe(now - tracked.added_at)
         if tracked.first_token_at:
             self.decode_time.observe(now - tracked.first_token_at)
@@ -191,7 +197,9 @@ class MetricsObserver:
         self.waiting.set(scheduler.num_waiting)
         self.kv_used.set(scheduler.num_used_blocks)
         self.kv_blocks.set(pool.num_usable_blocks)
-        self.kv_usage.set(scheduler.num_used_blocks / max(pool.num_usable_blocks, 1))
+        usage = scheduler.num_used_blocks / max(pool.num_usable_blocks, 1)
+        self.kv_usage.set(usage)
+        self.vllm.scrape(state, usage)
         self.tracked.set(len(state.loop.tracked))
         self.tasks.set(len(asyncio.all_tasks()))
         self.state = state

@@ -89,6 +89,20 @@ def test_version():
     assert done.returncode == 0 and done.stdout.strip() == __version__
 
 
+def test_several_served_model_names():
+    """`--served-model-name A B` as vLLM takes it, or "A,B" in the variable; the first leads."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    config.add_flags(parser)
+    args = parser.parse_args(["--served-model-name", "a", "b"])
+    cfg, _ = config.resolve({"served_model_name": args.served_model_name}, env={})
+    assert cfg.served_model_names == ("a", "b")
+    cfg, _ = config.resolve(env={"VT_SERVED_MODEL_NAME": "x, y"})
+    assert cfg.served_model_names == ("x", "y")
+    assert config.resolve(env={})[0].served_model_names == ()
+
+
 def test_every_knob_has_one_help_group():
     grouped = [name for _, names in config.FLAG_GROUPS for name in names]
     assert sorted(grouped) == sorted(k.name for k in config.KNOBS)

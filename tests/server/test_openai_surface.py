@@ -144,6 +144,8 @@ def test_tokenize_messages_gives_the_chat_prompt(server):
     assert _detokenize(server, ids).endswith("Name a colour.\nassistant\n")  # specials skipped
     plain = _tokenize(server, messages=MSG, add_generation_prompt=False)
     assert ids[: len(plain)] == plain and len(ids) > len(plain)
+    body = {"messages": MSG, "max_tokens": 1, "add_generation_prompt": False}
+    assert _post(server, CC, body)["usage"]["prompt_tokens"] == len(plain)
     for body, param in (
         ({"messages": MSG, "prompt": "x"}, "messages"),
         ({"messages": []}, "messages"),

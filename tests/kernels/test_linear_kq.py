@@ -76,7 +76,7 @@ def test_batch_invariance(rng, threads, qtype):
     check_close(full, x, w, qtype, bias)
     for tile_rows in (NC_MIN, NC):  # the tile size never shows in the bits either
         out = np.empty_like(full)
-        linear_kq._gemm_kernel(x, w, int(qtype), bias, out, tile_rows)
+        linear_kq.kernels(int(qtype))[1](x, w, bias, out, tile_rows)
         assert np.array_equal(out, full)
 
 

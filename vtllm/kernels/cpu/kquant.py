@@ -152,38 +152,82 @@ def q3_scale(w, sb, c):
     return (lo | (hi << 4)) - 32
 
 
+# ---- one decoder per type: (w, byte offset of the super-block, chunk) -> 16 float32 lanes.
+# Kernels call the type's own decoder (a branch per type inside every inlined call site would
+# multiply the code numba and LLVM compile by the number of types).
+
+
+@njit(inline="always")
+def _chunk_q4k_q5k(w, sb, c, five):
+    j, t = c >> 1, c & 1  # 32-weight sub-block, half of it
+    sc, m = scale_min_k4(w, sb, j)
+    d1 = ld_f16(w, sb) * np.float32(sc)
+    m1 = ld_f16(w, sb + 2) * np.float32(m)
+    if five:
+        lo = sb + 48 + (j >> 1) * 32 + t * 16
+        q = vbits2(w, lo, (j & 1) * 4, 15, sb + 16 + t * 16, j, 1, 4)
+    else:
+        q = vbits(w, sb + 16 + (j >> 1) * 32 + t * 16, (j & 1) * 4, 15)
+    return vsub(vmul(vsplat(d1), q), vsplat(m1))
+
+
+@njit(inline="always")
+def chunk_q4k(w, sb, c):
+    return _chunk_q4k_q5k(w, sb, c, False)
+
+
+@njit(inline="always")
+def chunk_q5k(w, sb, c):
+    return _chunk_q4k_q5k(w, sb, c, True)
+
+
+@njit(inline="always")
+def chunk_q6k(w, sb, c):
+    h, r, t = c >> 3, (c >> 1) & 3, c & 1  # 128-weight half, 32-weight part of it, 16 of those
+    sc = ld_u8(w, sb + 192 + c)
+    d1 = ld_f16(w, sb + 208) * np.float32(sc - 256 if sc > 127 else sc)
+    lo = sb + h * 64 + (r & 1) * 32 + t * 16
+    q = vbits2(w, lo, (r >> 1) * 4, 15, sb + 128 + h * 32 + t * 16, 2 * r, 3, 4)
+    return vmul(vsplat(d1), vsub(q, vsplat(np.float32(32.0))))
+
+
+@njit(inline="always")
+def chunk_q2k(w, sb, c):
+    h, r, t = c >> 3, (c >> 1) & 3, c & 1
+    sc = ld_u8(w, sb + c)
+    d1 = ld_f16(w, sb + 80) * np.float32(sc & 15)
+    m1 = ld_f16(w, sb + 82) * np.float32(sc >> 4)
+    return vsub(vmul(vsplat(d1), vbits(w, sb + 16 + h * 32 + t * 16, 2 * r, 3)), vsplat(m1))
+
+
+@njit(inline="always")
+def chunk_q3k(w, sb, c):
+    h, r, t = c >> 3, (c >> 1) & 3, c & 1
+    d1 = ld_f16(w, sb + 108) * np.float32(q3_scale(w, sb, c))
+    # the high bit set means no offset: q = low 2 bits + 4 * hbit - 4
+    q = vbits2(w, sb + 32 + h * 32 + t * 16, 2 * r, 3, sb + t * 16, h * 4 + r, 1, 2)
+    return vmul(vsplat(d1), vsub(q, vsplat(np.float32(4.0))))
+
+
+@njit(inline="always")
+def chunk_q8k(w, sb, c):
+    return vmul(vsplat(ld_f32(w, sb)), vload_i8(w, sb + 4 + c * 16))
+
+
 @njit(inline="always")
 def kq_chunk(w, qt, sb, c):
     """Weights 16c .. 16c + 15 of the super-block at byte offset sb, as float32 lanes."""
-    if qt == Q4_K or qt == Q5_K:
-        j, t = c >> 1, c & 1  # 32-weight sub-block, half of it
-        sc, m = scale_min_k4(w, sb, j)
-        d1 = ld_f16(w, sb) * np.float32(sc)
-        m1 = ld_f16(w, sb + 2) * np.float32(m)
-        if qt == Q4_K:
-            q = vbits(w, sb + 16 + (j >> 1) * 32 + t * 16, (j & 1) * 4, 15)
-        else:
-            lo = sb + 48 + (j >> 1) * 32 + t * 16
-            q = vbits2(w, lo, (j & 1) * 4, 15, sb + 16 + t * 16, j, 1, 4)
-        return vsub(vmul(vsplat(d1), q), vsplat(m1))
-    h, r, t = c >> 3, (c >> 1) & 3, c & 1  # 128-weight half, 32-weight part of it, 16 of those
+    if qt == Q4_K:
+        return chunk_q4k(w, sb, c)
     if qt == Q6_K:
-        sc = ld_u8(w, sb + 192 + c)
-        d1 = ld_f16(w, sb + 208) * np.float32(sc - 256 if sc > 127 else sc)
-        lo = sb + h * 64 + (r & 1) * 32 + t * 16
-        q = vbits2(w, lo, (r >> 1) * 4, 15, sb + 128 + h * 32 + t * 16, 2 * r, 3, 4)
-        return vmul(vsplat(d1), vsub(q, vsplat(np.float32(32.0))))
+        return chunk_q6k(w, sb, c)
+    if qt == Q5_K:
+        return chunk_q5k(w, sb, c)
     if qt == Q2_K:
-        sc = ld_u8(w, sb + c)
-        d1 = ld_f16(w, sb + 80) * np.float32(sc & 15)
-        m1 = ld_f16(w, sb + 82) * np.float32(sc >> 4)
-        return vsub(vmul(vsplat(d1), vbits(w, sb + 16 + h * 32 + t * 16, 2 * r, 3)), vsplat(m1))
+        return chunk_q2k(w, sb, c)
     if qt == Q3_K:
-        d1 = ld_f16(w, sb + 108) * np.float32(q3_scale(w, sb, c))
-        # the high bit set means no offset: q = low 2 bits + 4 * hbit - 4
-        q = vbits2(w, sb + 32 + h * 32 + t * 16, 2 * r, 3, sb + t * 16, h * 4 + r, 1, 2)
-        return vmul(vsplat(d1), vsub(q, vsplat(np.float32(4.0))))
-    return vmul(vsplat(ld_f32(w, sb)), vload_i8(w, sb + 4 + c * 16))
+        return chunk_q3k(w, sb, c)
+    return chunk_q8k(w, sb, c)
 
 
 @njit(inline="always")

@@ -279,18 +279,22 @@ def linear(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=None) -
     if qtype in KQUANTS:  # compiled on first use (see linear_kq)
         from vtllm.kernels.cpu import linear_kq
 
-        gemv, gemm, gemm_min_m = (
-            linear_kq._gemv_kernel,
-            linear_kq._gemm_kernel,
-            linear_kq.GEMM_MIN_M,
-        )
-    else:
-        gemv, gemm, gemm_min_m = _gemv_kernel, _gemm_kernel, GEMM_MIN_M[qtype]
-    if m < gemm_min_m:
-        gemv(x, wb, int(qtype), bias, out)
+        gemv, gemm = linear_kq.kernels(int(qtype))
+        if m < linear_kq.GEMM_MIN_M:
+            gemv(x, wb, bias, out)
+        else:
+            gemm(x, wb, bias, out, _tile_rows(m, n))
         return
+    if m < GEMM_MIN_M[qtype]:
+        _gemv_kernel(x, wb, int(qtype), bias, out)
+        return
+    _gemm_kernel(x, wb, int(qtype), bias, out, _tile_rows(m, n))
+
+
+def _tile_rows(m: int, n: int) -> int:
+    """Rows of W per GEMM tile: NC, halved while there are too few tasks to share."""
     tile_rows = NC
     tasks_wanted = TASKS_PER_THREAD * numba.get_num_threads()
     while tile_rows > NC_MIN and -(-n // tile_rows) * -(-m // MC) < tasks_wanted:
         tile_rows //= 2
-    gemm(x, wb, int(qtype), bias, out, tile_rows)
+    return tile_rows

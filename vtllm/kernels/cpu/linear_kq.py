@@ -23,7 +23,7 @@ from numba.core.types import uint8 as u8
 from numba.core.types import void
 
 from vtllm.kernels.cpu._int8simd import prefetch
-from vtllm.kernels.cpu._simd import carray, hsum, vfma, vload, vzero
+from vtllm.kernels.cpu._simd import carray, hsum, vfma, vload, vstore, vzero
 from vtllm.kernels.cpu.kquant import (
     BB_Q2_K,
     BB_Q3_K,
@@ -38,7 +38,12 @@ from vtllm.kernels.cpu.kquant import (
     Q5_K,
     Q6_K,
     Q8_K,
-    kq_chunk,
+    chunk_q2k,
+    chunk_q3k,
+    chunk_q4k,
+    chunk_q5k,
+    chunk_q6k,
+    chunk_q8k,
     kq_dequant_row,
 )
 from vtllm.kernels.cpu.linear import MC, MR, NR, PF_BYTES, _micro
@@ -47,24 +52,9 @@ from vtllm.kernels.cpu.linear import MC, MR, NR, PF_BYTES, _micro
 # to decode than Q4_1's blocks, so tiles pay as early.
 GEMM_MIN_M = 4
 
-_ARGS = (carray(f32, 2, True), carray(u8, 2, True), i64, carray(f32, 1, True), carray(f32, 2))
-_SIG = void(*_ARGS)  # x, w bytes, qtype, bias (empty: none), out
+_ARGS = (carray(f32, 2, True), carray(u8, 2, True), carray(f32, 1, True), carray(f32, 2))
+_SIG = void(*_ARGS)  # x, w bytes, bias (empty: none), out
 _GEMM_SIG = void(*_ARGS, i64)  # ..., rows of W per tile
-
-
-@njit(inline="always")
-def _dot4(xf, xo, w, r0, r1, r2, r3, K, qt, bb):
-    """Lanes of x[m] . w[r] for 4 rows of W; inlined with a constant qt (one loop per type)."""
-    a0 = a1 = a2 = a3 = vzero()
-    for s in range(K // 256):
-        o = s * bb
-        for c in range(CHUNKS):
-            xv = vload(xf, xo + s * 256 + c * 16)
-            a0 = vfma(xv, kq_chunk(w, qt, r0 + o, c), a0)
-            a1 = vfma(xv, kq_chunk(w, qt, r1 + o, c), a1)
-            a2 = vfma(xv, kq_chunk(w, qt, r2 + o, c), a2)
-            a3 = vfma(xv, kq_chunk(w, qt, r3 + o, c), a3)
-    return a0, a1, a2, a3
 
 
 @njit(inline="always")
@@ -76,8 +66,9 @@ def _put(out, bias, m, n, acc):
         out[m, n] = y
 
 
-@njit(_SIG, nogil=True, parallel=True, cache=True)
-def _gemv_kernel(x, w, qt, bias, out):
+@njit(inline="always")
+def _gemv(x, w, bias, out, chunk, bb):
+    """The GEMV for one type: its decoder `chunk`, its block bytes `bb`."""
     M, K = x.shape
     N = out.shape[1]
     xf = x.reshape(M * K)
@@ -90,20 +81,17 @@ def _gemv_kernel(x, w, qt, bias, out):
         r3 = min(n0 + 3, N - 1) * rb
         for c in range(r0 + NR * rb + PF_BYTES, min(r0 + 2 * NR * rb + PF_BYTES, N * rb), 64):
             prefetch(w, c)  # see linear.PF_BYTES
-        for m in range(M):
+        for m in range(M):  # 4 rows of W share each x load
             xo = m * K
-            if qt == Q4_K:
-                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q4_K, BB_Q4_K)
-            elif qt == Q6_K:
-                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q6_K, BB_Q6_K)
-            elif qt == Q5_K:
-                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q5_K, BB_Q5_K)
-            elif qt == Q3_K:
-                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q3_K, BB_Q3_K)
-            elif qt == Q2_K:
-                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q2_K, BB_Q2_K)
-            else:
-                a0, a1, a2, a3 = _dot4(xf, xo, w, r0, r1, r2, r3, K, Q8_K, BB_Q8_K)
+            a0 = a1 = a2 = a3 = vzero()
+            for s in range(K // 256):
+                o = s * bb
+                for c in range(CHUNKS):
+                    xv = vload(xf, xo + s * 256 + c * 16)
+                    a0 = vfma(xv, chunk(w, r0 + o, c), a0)
+                    a1 = vfma(xv, chunk(w, r1 + o, c), a1)
+                    a2 = vfma(xv, chunk(w, r2 + o, c), a2)
+                    a3 = vfma(xv, chunk(w, r3 + o, c), a3)
             _put(out, bias, m, n0, a0)
             _put(out, bias, m, n0 + 1, a1)
             _put(out, bias, m, n0 + 2, a2)
@@ -111,29 +99,7 @@ def _gemv_kernel(x, w, qt, bias, out):
 
 
 @njit(inline="always")
-def _decode_tile(w, qt, n0, nc, K, tile):
-    if qt == Q4_K:
-        for i in range(nc):
-            kq_dequant_row(w, Q4_K, n0 + i, K, tile, i * K)
-    elif qt == Q6_K:
-        for i in range(nc):
-            kq_dequant_row(w, Q6_K, n0 + i, K, tile, i * K)
-    elif qt == Q5_K:
-        for i in range(nc):
-            kq_dequant_row(w, Q5_K, n0 + i, K, tile, i * K)
-    elif qt == Q3_K:
-        for i in range(nc):
-            kq_dequant_row(w, Q3_K, n0 + i, K, tile, i * K)
-    elif qt == Q2_K:
-        for i in range(nc):
-            kq_dequant_row(w, Q2_K, n0 + i, K, tile, i * K)
-    else:
-        for i in range(nc):
-            kq_dequant_row(w, Q8_K, n0 + i, K, tile, i * K)
-
-
-@njit(_GEMM_SIG, nogil=True, parallel=True, cache=True)
-def _gemm_kernel(x, w, qt, bias, out, tile_rows):
+def _gemm(x, w, bias, out, tile_rows, chunk, bb):
     M, K = x.shape
     N = out.shape[1]
     xf = x.reshape(M * K)
@@ -144,11 +110,108 @@ def _gemm_kernel(x, w, qt, bias, out, tile_rows):
         nc = min(tile_rows, N - n0)
         m0 = (task - nt * n_panels) * MC
         tile = np.empty(nc * K, np.float32)  # per-task scratch: W rows n0..n0+nc decoded
-        _decode_tile(w, qt, n0, nc, K, tile)
+        for i in range(nc):
+            r = (n0 + i) * w.shape[1]
+            for s in range(K // 256):
+                for c in range(CHUNKS):
+                    vstore(tile, i * K + s * 256 + c * 16, chunk(w, r + s * bb, c))
         sums = np.empty(MR * NR, np.float32)
         for mb in range(m0, min(M, m0 + MC), MR):
             for nb in range(0, nc, NR):
                 _micro(xf, K, M, mb, tile, nb, nc, n0, bias, out, sums)
+
+
+# One pair of kernels per type, no signature in the decorator: `kernels` compiles a type's
+# pair (with the explicit signatures) when a weight of that type first comes.
+_JIT = dict(nogil=True, parallel=True, cache=True)
+
+
+@njit(**_JIT)
+def _gemv_q4k(x, w, bias, out):
+    _gemv(x, w, bias, out, chunk_q4k, BB_Q4_K)
+
+
+@njit(**_JIT)
+def _gemm_q4k(x, w, bias, out, tile_rows):
+    _gemm(x, w, bias, out, tile_rows, chunk_q4k, BB_Q4_K)
+
+
+@njit(**_JIT)
+def _gemv_q5k(x, w, bias, out):
+    _gemv(x, w, bias, out, chunk_q5k, BB_Q5_K)
+
+
+@njit(**_JIT)
+def _gemm_q5k(x, w, bias, out, tile_rows):
+    _gemm(x, w, bias, out, tile_rows, chunk_q5k, BB_Q5_K)
+
+
+@njit(**_JIT)
+def _gemv_q6k(x, w, bias, out):
+    _gemv(x, w, bias, out, chunk_q6k, BB_Q6_K)
+
+
+@njit(**_JIT)
+def _gemm_q6k(x, w, bias, out, tile_rows):
+    _gemm(x, w, bias, out, tile_rows, chunk_q6k, BB_Q6_K)
+
+
+@njit(**_JIT)
+def _gemv_q3k(x, w, bias, out):
+    _gemv(x, w, bias, out, chunk_q3k, BB_Q3_K)
+
+
+@njit(**_JIT)
+def _gemm_q3k(x, w, bias, out, tile_rows):
+    _gemm(x, w, bias, out, tile_rows, chunk_q3k, BB_Q3_K)
+
+
+@njit(**_JIT)
+def _gemv_q2k(x, w, bias, out):
+    _gemv(x, w, bias, out, chunk_q2k, BB_Q2_K)
+
+
+@njit(**_JIT)
+def _gemm_q2k(x, w, bias, out, tile_rows):
+    _gemm(x, w, bias, out, tile_rows, chunk_q2k, BB_Q2_K)
+
+
+@njit(**_JIT)
+def _gemv_q8k(x, w, bias, out):
+    _gemv(x, w, bias, out, chunk_q8k, BB_Q8_K)
+
+
+@njit(**_JIT)
+def _gemm_q8k(x, w, bias, out, tile_rows):
+    _gemm(x, w, bias, out, tile_rows, chunk_q8k, BB_Q8_K)
+
+
+_BY_TYPE = {
+    Q4_K: (_gemv_q4k, _gemm_q4k),
+    Q5_K: (_gemv_q5k, _gemm_q5k),
+    Q6_K: (_gemv_q6k, _gemm_q6k),
+    Q3_K: (_gemv_q3k, _gemm_q3k),
+    Q2_K: (_gemv_q2k, _gemm_q2k),
+    Q8_K: (_gemv_q8k, _gemm_q8k),
+}
+_ready: set[int] = set()
+
+
+def compile_once(pairs: dict, qtype: int, sigs: tuple) -> tuple:
+    """qtype's kernels from `pairs`, compiled (or loaded from numba's cache) with `sigs` on
+    the first call and then closed to other signatures, as an explicit signature would."""
+    kernels = pairs[qtype]
+    if (id(pairs), qtype) not in _ready:
+        for kernel, sig in zip(kernels, sigs, strict=True):
+            kernel.compile(sig)
+            kernel.disable_compile()
+        _ready.add((id(pairs), qtype))
+    return kernels
+
+
+def kernels(qtype: int) -> tuple:
+    """(GEMV, GEMM) for K-quant type qtype."""
+    return compile_once(_BY_TYPE, qtype, (_SIG, _GEMM_SIG))
 
 
 _EMBED_SIG = i64(carray(i32, 1, True), carray(u8, 2, True), i64, carray(f32, 2))

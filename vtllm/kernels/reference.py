@@ -83,3 +83,24 @@ def silu_and_mul_ref(x):
 
 
 # Sampling references are appended below by their owner.
+
+
+def quantize_q8k_ref(x):
+    """(q int8 [M, K], d float32 [M, K / 256]): x per 256-block as linear_kq8 quantizes it,
+    d = max|x| / 127 and q = round(x / d) (half away from zero), as float32 computes them."""
+    x = np.asarray(x, np.float32)
+    m, k = x.shape
+    blocks = x.reshape(m, k // 256, 256)
+    d = np.abs(blocks).max(axis=2) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d > 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = blocks * inv[:, :, None]
+    q = np.sign(v) * np.minimum(np.floor(np.abs(v) + np.float32(0.5)), 127)
+    return q.astype(np.int8).reshape(m, k), d
+
+
+def linear_kq8_ref(x, w, qtype, bias=None):
+    """[M, N]: the int8 K-quant linear's result in float64, x replaced by its q8_K form."""
+    q, d = quantize_q8k_ref(x)
+    xs = q.astype(np.float64).reshape(d.shape[0], d.shape[1], 256) * d[:, :, None]
+    return linear_ref(xs.reshape(q.shape), w, qtype, bias)

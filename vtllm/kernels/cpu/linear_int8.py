@@ -71,6 +71,8 @@ _ARGS = (carray(f32, 2, True), carray(u8, 2, True), i64, carray(f32, 1, True), c
 # x, w bytes, qtype, bias (empty: none), out, then threads (GEMV) or rows of W per tile (GEMM)
 _SIG = void(*_ARGS, i64)
 QUANTIZED = (QType.Q4_0, QType.Q4_1, QType.Q8_0)
+# K-quants with int8 kernels (linear_kq8, compiled on first use); Q8_K is an activation format
+KQUANT_INT8 = (QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K)
 
 
 @njit(inline="always")
@@ -341,12 +343,18 @@ def tile_rows_for(m, n, threads):
 
 def linear_int8(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=None) -> None:
     """out[M, N] = int8(x)[M, K] @ W.T (+ bias[N]) for W in Q4_0 / Q4_1 / Q8_0 (see
-    vtllm.kernels); x is quantized per 32-block inside the call. out must not overlap x."""
+    vtllm.kernels), x quantized per 32-block inside the call; or W in Q2_K .. Q6_K, x
+    quantized per 256-block (linear_kq8). out must not overlap x."""
     qtype = QType(qtype)
-    if qtype not in QUANTIZED:
+    if qtype not in QUANTIZED and qtype not in KQUANT_INT8:
         raise ValueError(f"linear_int8: {qtype.name} weights have no int8 kernel")
     m, n, wb, bias = linear_args("linear_int8", x, w, qtype, out, bias)
     if m == 0 or n == 0:
+        return
+    if qtype in KQUANT_INT8:
+        from vtllm.kernels.cpu.linear_kq8 import linear_kq8
+
+        linear_kq8(x, wb, int(qtype), bias, out, numba.get_num_threads())
         return
     if m < GEMM_MIN_M:
         _gemv_kernel(x, wb, int(qtype), bias, out, numba.get_num_threads())

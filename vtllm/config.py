@@ -64,6 +64,22 @@ KNOBS = (
         "names clients may use for the model, the first reported (default: the model's name)",
         many=True,
     ),
+    Knob(
+        "tool_call_parser",
+        "str",
+        "auto",
+        "how the model writes tool calls: hermes (JSON in tool_call tags: Hermes, Qwen), "
+        "llama3_json, mistral; auto: read from the chat template, else hermes",
+        choices=("auto", "hermes", "llama3_json", "mistral"),
+    ),
+    Knob(
+        "reasoning_parser",
+        "str",
+        None,
+        "split the model's think block into reasoning_content: qwen3 (where the model opens "
+        "it) or deepseek_r1 (the output starts inside it) (default: off)",
+        choices=("qwen3", "deepseek_r1"),
+    ),
     Knob("max_model_len", "int", 4096, "longest sequence (prompt + output) in tokens", 16, 1 << 20),
     Knob("max_num_seqs", "int", 64, "requests decoded together", 1, 4096),
     Knob("max_num_batched_tokens", "int", 2048, "token budget of one step", 16, 1 << 20),
@@ -254,6 +270,8 @@ KNOBS_BY_NAME = {k.name: k for k in KNOBS}
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     served_model_name: str | None = None
+    tool_call_parser: str = "auto"
+    reasoning_parser: str | None = None
     max_model_len: int = 4096
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -352,7 +370,7 @@ def resolve(
 
 # How --help groups the flags; every knob sits in exactly one group (tests/test_cli.py).
 FLAG_GROUPS = (
-    ("model", ("model", "served_model_name", "device")),
+    ("model", ("model", "served_model_name", "device", "tool_call_parser", "reasoning_parser")),
     (
         "engine",
         (

@@ -20,9 +20,23 @@ J = "application/json"
 CANARY = "zq" + "x" * 4000 + "qz"  # must never come back in an error message
 DEEP = 100_000
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+ORPHAN_RESULT, ORPHAN_P = {"role": "tool", "content": "42"}, "messages[1].tool_call_id"
+FUNCTION_RESULT = {"role": "function", "name": "f", "content": "42"}
 CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function"}]}
-SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+BAD_ARGS = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{"}}]
+BAD_ARGS_CALL = {"role": "assistant", "content": None, "tool_calls": BAD_ARGS}
+BAD_ARGS_P = "messages[0].tool_calls[0].function"
+USER_CALL = {"role": "user", "content": "x", "tool_calls": BAD_ARGS}
+BAD_SCHEMA_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}
+FN = "tools[0].function"
+NAMED_G, NAMED_P = {"type": "function", "function": {"name": "g"}}, "tool_choice.function.name"
+REQUIRED = {"tools": [TOOL], "tool_choice": "required"}
+JSON_OBJECT = {"type": "json_object"}
+BAD_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 1}}}
+NAMELESS = {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}
+SCHEMA_P = "response_format.json_schema"
+TWO_KINDS = {"regex": "a+", "choice": ["a"]}
+WHITESPACE, KW_P = "guided_whitespace_pattern", "chat_template_kwargs"
 USAGE_STATS = {"include_usage": True, "continuous_usage_stats": "yes"}  # not a bool
 USAGE_PARAM = "stream_options.continuous_usage_stats"
 STRUCTURED, PREDICTION = "structured_outputs", "prediction"
@@ -144,24 +158,47 @@ CASES = [
     ("fan-out", C, _c(prompt=["a"] * 5, n=16, temperature=1.0), None, 400, "n"),
     ("fan-out-64x2", C, _c(prompt=["a"] * 64, n=2, temperature=1.0), None, 400, "n"),
     # fields an API defines that vtllm does not honour yet: once answered 200 as if done
-    ("json-object", CC, _cc(response_format={"type": "json_object"}), None, 400, "response_format"),
-    ("json-schema", CC, _cc(response_format=SCHEMA_FORMAT), None, 400, "response_format"),
-    ("format-sound", C, _c(response_format={"type": "sound"}), None, 400, "response_format"),
+    # structured outputs: each field's bad shapes, named (the grammar engine's own refusals
+    # of schemas and regexes it cannot compile are rows further down)
+    ("format-sound", C, _c(response_format={"type": "sound"}), None, 400, "response_format.type"),
     ("format-str", C, _c(response_format="json"), None, 400, "response_format"),
-    ("guided-json", C, _c(guided_json={"type": "object"}), None, 400, "guided_json"),
-    ("guided-regex", CC, _cc(guided_regex="[0-9]+"), None, 400, "guided_regex"),
-    ("guided-choice", C, _c(guided_choice=["a", "b"]), None, 400, "guided_choice"),
-    ("guided-grammar", CC, _cc(guided_grammar="root ::= 'a'"), None, 400, "guided_grammar"),
+    ("format-no-schema", CC, _cc(response_format={"type": "json_schema"}), None, 400, SCHEMA_P),
+    ("format-schema-nameless", CC, _cc(response_format=NAMELESS), None, 400, SCHEMA_P + ".name"),
+    ("guided-json-number", C, _c(guided_json=5), None, 400, "guided_json"),
+    ("guided-regex-list", CC, _cc(guided_regex=["[0-9]+"]), None, 400, "guided_regex"),
+    ("guided-choice-empty", C, _c(guided_choice=[]), None, 400, "guided_choice"),
+    ("guided-choice-ints", C, _c(guided_choice=[1, 2]), None, 400, "guided_choice"),
+    ("guided-grammar-obj", CC, _cc(guided_grammar={"root": "a"}), None, 400, "guided_grammar"),
     ("guided-backend", C, _c(guided_decoding_backend="x"), None, 400, "guided_decoding_backend"),
-    ("structured-outputs", CC, _cc(structured_outputs={"regex": "a+"}), None, 400, STRUCTURED),
-    ("tools", CC, _cc(tools=[TOOL], tool_choice="auto"), None, 400, "tools"),
-    ("tools-bad-schema", CC, _cc(tools=[{"type": "function", "function": 1}]), None, 400, "tools"),
+    ("guided-whitespace", C, _c(guided_whitespace_pattern=" "), None, 400, WHITESPACE),
+    ("structured-two", CC, _cc(structured_outputs=TWO_KINDS), None, 400, STRUCTURED),
+    ("structured-none", CC, _cc(structured_outputs={}), None, 400, STRUCTURED),
+    ("structured-unknown", C, _c(structured_outputs={"x": 1}), None, 400, STRUCTURED + ".x"),
+    ("two-constraints", C, _c(guided_json={}, guided_regex="a"), None, 400, "guided_regex"),
+    ("format-and-guided", CC, _cc(response_format=JSON_OBJECT, guided_choice=["a"]), None, 400),
+    # what the grammar engine cannot compile, refused when the request is added
+    ("guided-regex-bad", C, _c(guided_regex="[0-9"), None, 400, "guided_regex"),
+    ("format-schema-bad", CC, _cc(response_format=BAD_SCHEMA_FORMAT), None, 400, "response_format"),
+    ("guided-grammar-bad", CC, _cc(guided_grammar="start: ("), None, 400, "guided_grammar"),
+    ("structured-json-text", C, _c(structured_outputs={"json": "{x"}), None, 400, STRUCTURED),
+    # tool calling: tools, tool_choice and the tool turns of the history
+    ("tools-object", CC, _cc(tools=TOOL), None, 400, "tools"),
+    ("tools-bad-shape", CC, _cc(tools=[{"type": "function", "function": 1}]), None, 400, FN),
     ("tools-1MiB", CC, _cc(tools=[{"x": CANARY}] * 256), None, 400, "tools"),
+    ("tools-bad-schema", CC, _cc(tools=[BAD_SCHEMA_TOOL]), None, 400, FN + ".parameters"),
+    ("tools-bad-name", CC, _cc(tools=[{"type": "function", "function": {"name": "a b"}}]), None),
+    ("tools-same-name", CC, _cc(tools=[TOOL, TOOL]), None, 400, "tools[1].function.name"),
     ("tool-choice-required", CC, _cc(tool_choice="required"), None, 400, "tool_choice"),
+    ("tool-choice-unknown", CC, _cc(tools=[TOOL], tool_choice=NAMED_G), None, 400, NAMED_P),
+    ("tool-choice-odd", CC, _cc(tools=[TOOL], tool_choice="always"), None, 400, "tool_choice"),
+    ("tool-choice-and-format", CC, _cc(**REQUIRED, response_format=JSON_OBJECT), None, 400),
     ("functions", CC, _cc(functions=[TOOL["function"]]), None, 400, "functions"),
     ("function-call", CC, _cc(function_call={"name": "f"}), None, 400, "function_call"),
-    ("tool-message", CC, _cc(messages=[*MSG, TOOL_RESULT]), None, 400, "messages[1].role"),
-    ("tool-calls-message", CC, _cc(messages=[CALL, *MSG]), None, 400, "messages[0].tool_calls"),
+    ("tool-message-no-id", CC, _cc(messages=[*MSG, ORPHAN_RESULT]), None, 400, ORPHAN_P),
+    ("tool-calls-message", CC, _cc(messages=[CALL, *MSG]), None, 400, "messages[0].tool_calls[0]"),
+    ("tool-calls-bad-args", CC, _cc(messages=[BAD_ARGS_CALL, *MSG]), None, 400, BAD_ARGS_P),
+    ("tool-calls-of-user", CC, _cc(messages=[USER_CALL]), None, 400, "messages[0].tool_calls"),
+    ("function-message", CC, _cc(messages=[FUNCTION_RESULT]), None, 400, "messages[0].role"),
     ("best-of-1e6", C, _c(best_of=1_000_000), None, 400, "best_of"),
     ("best-of-over-n", C, _c(best_of=2, n=1), None, 400, "best_of"),
     ("best-of-str", C, _c(best_of="2"), None, 400, "best_of"),
@@ -177,7 +214,8 @@ CASES = [
     ("bad-words", CC, _cc(bad_words=["x"]), None, 400, "bad_words"),
     ("allowed-token-ids", C, _c(allowed_token_ids=[1, 2]), None, 400, "allowed_token_ids"),
     ("suffix", C, _c(suffix="}"), None, 400, "suffix"),
-    ("template-kwargs", CC, _cc(chat_template_kwargs={"x": 1}), None, 400, "chat_template_kwargs"),
+    ("template-kwargs-list", CC, _cc(chat_template_kwargs=[1]), None, 400, "chat_template_kwargs"),
+    ("template-kwargs-messages", CC, _cc(chat_template_kwargs={"messages": []}), None, 400, KW_P),
     ("continue-final-and-generation", CC, _cc(continue_final_message=True), None, 400, CONTINUE),
     ("continue-final-user-turn", CC, _cc(**CONTINUE_USER), None, 400, CONTINUE),
     ("continue-final-str", CC, _cc(continue_final_message="yes"), None, 400, CONTINUE),

@@ -31,6 +31,19 @@ def _compile(source: str):
     return env.from_string(source)
 
 
+@lru_cache(maxsize=8)
+def template_variables(template: str | None) -> frozenset[str]:
+    """The variables a template reads from its caller (`tools` tells whether it knows tools)."""
+    from jinja2 import meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return frozenset(meta.find_undeclared_variables(env.parse(template or CHATML)))
+    except Exception:  # a template that does not parse fails when rendered, with its 400
+        return frozenset()
+
+
 def render_chat(
     template: str | None,
     messages: list[dict],
@@ -38,16 +51,24 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    tools: list[dict] | None = None,
+    extra: dict | None = None,
 ) -> str:
+    """`tools` and `extra` (a request's chat_template_kwargs) as HF's apply_chat_template
+    passes them; `extra` never overrides the other variables."""
     from jinja2 import TemplateError as JinjaError
     from jinja2.exceptions import SecurityError
 
     try:
         return _compile(template or CHATML).render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
+            {
+                **(extra or {}),
+                "messages": messages,
+                "add_generation_prompt": add_generation_prompt,
+                "bos_token": bos_token,
+                "eos_token": eos_token,
+                "tools": tools,
+            }
         )
     except TemplateError:
         raise

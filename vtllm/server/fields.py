@@ -24,8 +24,7 @@ MAX_PROMPT_LOGPROBS = 20
 
 log = logging.getLogger("vtllm.server")
 
-_STRUCTURED = "structured outputs are not supported yet"
-_TOOLS = "tool calling is not supported yet"
+_TOOLS = "only tools and tool_choice (the current names) are supported"
 _SAMPLING = "not supported yet"
 _CHAT = "not supported yet (the chat template renders the messages alone)"
 _OUTPUT = "only text output is supported"
@@ -33,16 +32,6 @@ _STORED = "stored completions are not supported"
 
 # field -> (the values that ask for nothing, why another value is refused)
 DEFAULTS: dict[str, tuple[tuple, str]] = {
-    "response_format": ((None, {"type": "text"}), _STRUCTURED),
-    "structured_outputs": ((None,), _STRUCTURED),
-    "guided_json": ((None,), _STRUCTURED),
-    "guided_regex": ((None,), _STRUCTURED),
-    "guided_choice": ((None,), _STRUCTURED),
-    "guided_grammar": ((None,), _STRUCTURED),
-    "guided_decoding_backend": ((None,), _STRUCTURED),
-    "guided_whitespace_pattern": ((None,), _STRUCTURED),
-    "tools": ((None, []), _TOOLS),
-    "tool_choice": ((None, "none"), _TOOLS),
     "functions": ((None, []), _TOOLS),
     "function_call": ((None, "none"), _TOOLS),
     "bad_words": ((None, []), _SAMPLING),
@@ -59,7 +48,6 @@ DEFAULTS: dict[str, tuple[tuple, str]] = {
     "request_id": ((None,), _SAMPLING),
     "suffix": ((None, ""), _SAMPLING),
     "chat_template": ((None,), _CHAT),
-    "chat_template_kwargs": ((None, {}), _CHAT),
     "documents": ((None, []), _CHAT),
     "mm_processor_kwargs": ((None, {}), _CHAT),
     "echo": ((None, False), _CHAT),

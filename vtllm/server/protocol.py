@@ -52,6 +52,9 @@ Stop = Annotated[Any, msgspec.Meta(extra_json_schema=_STOP)]
 Unsupported = Annotated[
     msgspec.Raw, msgspec.Meta(description="not supported yet: only the default value is accepted")
 ]
+# Honoured fields whose shape varies: decoded and checked where they are used
+# (structured.py, tools.py), where each error can name its exact param.
+Checked = Annotated[msgspec.Raw, msgspec.Meta(description="checked where it is used")]
 ABSENT = msgspec.field(default_factory=msgspec.Raw)  # an Unsupported field not sent: empty
 
 
@@ -88,14 +91,14 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     prompt_logprobs: int | None = None  # vLLM's
     best_of: int | None = None  # accepted when equal to n
     # Structured outputs (OpenAI's response_format, vLLM's structured_outputs and guided_*)
-    response_format: Unsupported = ABSENT
-    structured_outputs: Unsupported = ABSENT
-    guided_json: Unsupported = ABSENT
-    guided_regex: Unsupported = ABSENT
-    guided_choice: Unsupported = ABSENT
-    guided_grammar: Unsupported = ABSENT
-    guided_decoding_backend: Unsupported = ABSENT
-    guided_whitespace_pattern: Unsupported = ABSENT
+    response_format: Checked = ABSENT
+    structured_outputs: Checked = ABSENT
+    guided_json: Checked = ABSENT
+    guided_regex: Checked = ABSENT
+    guided_choice: Checked = ABSENT
+    guided_grammar: Checked = ABSENT
+    guided_decoding_backend: Checked = ABSENT
+    guided_whitespace_pattern: Checked = ABSENT
     # vLLM's other sampling and output extras
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
     bad_words: Unsupported = ABSENT
@@ -129,15 +132,13 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     # tracking and cache-routing hints: they ask nothing of the output
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # modifies tool calls only: with `tools` refused it asks for nothing, and clients send it
-    # by default (OpenAI's default is true), so refusing it would break tool-less requests
-    parallel_tool_calls: bool | None = None
-    tools: Unsupported = ABSENT
-    tool_choice: Unsupported = ABSENT
+    parallel_tool_calls: bool | None = None  # false: at most one call (tools.py)
+    tools: Checked = ABSENT
+    tool_choice: Checked = ABSENT
     functions: Unsupported = ABSENT
     function_call: Unsupported = ABSENT
     chat_template: Unsupported = ABSENT
-    chat_template_kwargs: Unsupported = ABSENT
+    chat_template_kwargs: Checked = ABSENT
     continue_final_message: bool = False  # vLLM's: the prompt ends inside the last message
     documents: Unsupported = ABSENT
     mm_processor_kwargs: Unsupported = ABSENT
@@ -234,9 +235,40 @@ class ChatLogprobs(msgspec.Struct):
     content: list[ChatTokenLogprob]
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str  # a JSON object's text
+
+
+class ToolCall(msgspec.Struct):
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
+class FunctionCallDelta(msgspec.Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct, omit_defaults=True):
+    """A streamed call: its id, type and name come first, its arguments in fragments after."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionCallDelta | None = None
+
+
 class ChatMessageOut(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None  # vLLM's, with --reasoning-parser
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatDeltaOut(ChatMessageOut, omit_defaults=True):
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChoice(msgspec.Struct):
@@ -249,7 +281,7 @@ class ChatChoice(msgspec.Struct):
 
 class ChatChunkChoice(msgspec.Struct):
     index: int
-    delta: ChatMessageOut
+    delta: ChatDeltaOut
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: ChatLogprobs | None = None

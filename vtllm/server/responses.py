@@ -1,10 +1,12 @@
 """Shaping engine updates into OpenAI completion and chat responses, streamed or whole."""
 
+from vtllm.server.chat_output import finish_reason, streamed_message, whole_message
 from vtllm.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
+    ChatDeltaOut,
     ChatLogprobs,
     ChatMessageOut,
     ChatTokenLogprob,
@@ -157,6 +159,12 @@ class CompletionShaper(_Shaper):
 
 
 class ChatShaper(_Shaper):
+    def __init__(self, state, req, sub, setup=None):
+        super().__init__(state, req, sub)
+        # each choice's reader of reasoning and tool calls (chat_output.py); None: plain text
+        readers = [None if setup is None else setup.output() for _ in sub.choices]
+        self.readers = [None if r is None or r.plain else r for r in readers]
+
     def _logprobs(self, update) -> ChatLogprobs | None:
         if not self.req.logprobs:
             return None
@@ -178,7 +186,7 @@ class ChatShaper(_Shaper):
         return [
             self._chunk(
                 [
-                    ChatChunkChoice(c.index, ChatMessageOut(role="assistant", content=""))
+                    ChatChunkChoice(c.index, ChatDeltaOut(role="assistant", content=""))
                     for c in self.sub.choices
                 ],
                 self._running_usage(self.sub.choices[0]),
@@ -188,12 +196,20 @@ class ChatShaper(_Shaper):
     def chunk(self, choice, update):
         if not update.text and not update.finished and not update.logprobs:
             return None
+        reader, reason = self.readers[choice.index], update.finish_reason
+        if reader is None:
+            delta = ChatDeltaOut(content=update.text)
+        else:
+            delta = streamed_message(reader.feed(update.text, update.finished))
+            reason = finish_reason(reason, reader.called)
+            if delta is None and not update.finished and not update.logprobs:
+                return None  # held back: it may still be a marker
         return self._chunk(
             [
                 ChatChunkChoice(
                     choice.index,
-                    ChatMessageOut(content=update.text),
-                    update.finish_reason if update.finished else None,
+                    delta or ChatDeltaOut(),
+                    reason if update.finished else None,
                     update.stop_reason if update.finished else None,
                     self._logprobs(update),
                 )
@@ -205,16 +221,16 @@ class ChatShaper(_Shaper):
         return self._chunk([], self.usage()) if self.include_usage else None
 
     def final(self) -> ChatCompletionResponse:
-        choices = [
-            ChatChoice(
-                c.index,
-                ChatMessageOut(role="assistant", content=c.total.text),
-                c.total.finish_reason,
-                c.total.stop_reason,
-                self._logprobs(c.total),
+        choices = []
+        for c, reader in zip(self.sub.choices, self.readers, strict=True):
+            message = ChatMessageOut(role="assistant", content=c.total.text)
+            reason = c.total.finish_reason
+            if reader is not None:
+                message = whole_message(reader.whole(c.total.text))
+                reason = finish_reason(reason, bool(message.tool_calls))
+            choices.append(
+                ChatChoice(c.index, message, reason, c.total.stop_reason, self._logprobs(c.total))
             )
-            for c in self.sub.choices
-        ]
         sub = self.sub
         response = ChatCompletionResponse(
             sub.id, sub.created, self.model, choices, usage=self.usage()

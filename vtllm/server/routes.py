@@ -16,6 +16,7 @@ from vtllm.models.chat_template import cut_after_final, render_chat
 from vtllm.scheduler.output import ERROR
 from vtllm.server import preprocess, responses
 from vtllm.server.admission import DISCONNECTED_AT, admit, admit_prompt_tokens
+from vtllm.server.chat_setup import ChatSetup
 from vtllm.server.fields import IGNORED_HEADER, ignore_unknown, refuse_unsupported
 from vtllm.server.generation import submit
 from vtllm.server.http_errors import (
@@ -32,6 +33,7 @@ from vtllm.server.protocol import (
     tokenize_decoder,
 )
 from vtllm.server.sse import DONE, PING, SSEResponse, frame
+from vtllm.server.structured import structured_outputs
 from vtllm.server.validate import (
     chat_messages,
     check_fan_out,
@@ -116,13 +118,15 @@ def _check_model(state, model: str | None) -> None:
         )
 
 
-def _render(tok, messages, add_generation_prompt: bool, max_chars: int) -> str:
+def _render(tok, messages, add_generation_prompt: bool, max_chars: int, **variables) -> str:
+    """`variables`: tools and extra (chat_template_kwargs), as render_chat takes them."""
     text = render_chat(  # its failures, overflow and recursion included, are a typed 400
         tok.chat_template,
         messages,
         add_generation_prompt=add_generation_prompt,
         bos_token=tok.special_token(tok.bos_token_id),
         eos_token=tok.special_token(tok.eos_token_ids[0] if tok.eos_token_ids else None),
+        **variables,
     )
     # A template may multiply its input; what comes out is bounded like what goes in.
     if len(text) > 2 * max_chars + 65536:
@@ -139,6 +143,7 @@ async def completions(request: Request) -> Response:
         refuse_unsupported(req)
         cfg = state.config
         params = sampling_params(req, chat=False, max_new_tokens=cfg.server_max_new_tokens)
+        params.structured_outputs = structured_outputs(req)
         params.check_vocab(state.vocab_size)
         prompts_of = partial(
             completion_prompts,
@@ -172,25 +177,35 @@ async def chat_completions(request: Request) -> Response:
         tok, max_chars = state.tokenizer, cfg.server_max_prompt_chars
         keep = prompt_truncation(req, state.max_model_len)
 
-        def prepare() -> list[int]:  # one thread hop: checks, template, tokenizer
+        def prepare():  # one thread hop: checks, template, tokenizer
             messages = chat_messages(req, max_chars)
             cont = continues_final_message(req, messages)
-            text = _render(tok, messages, req.add_generation_prompt, max_chars)
+            setup = ChatSetup.of(req, messages, cfg, tok.chat_template)
+            text = _render(
+                tok,
+                setup.messages,
+                req.add_generation_prompt,
+                max_chars,
+                tools=setup.template_tools,
+                extra=setup.extra,
+            )
             if cont:
                 text = cut_after_final(text, messages[-1]["content"])
+            setup.rendered(text)
             if keep is None:  # else any length fits once cut
                 check_fits(tok, text, state.max_model_len)
             ids = tok.encode(text)
-            return ids if keep is None else ids[-keep:]
+            return (ids if keep is None else ids[-keep:]), setup
 
-        prompt = await preprocess.run(prepare)
+        prompt, setup = await preprocess.run(prepare)
         params = sampling_params(req, chat=True, max_new_tokens=cfg.server_max_new_tokens)
+        setup.constrain(req, params)
         params.check_vocab(state.vocab_size)
         admit_prompt_tokens(state, len(prompt) * params.n)
         sub = submit(state.loop, [prompt], params, "chatcmpl", req.priority)
     except (VtllmError, ValueError) as exc:
         return _refusal(request, exc)
-    shaper = responses.ChatShaper(state, req, sub)
+    shaper = responses.ChatShaper(state, req, sub, setup)
     if req.stream:
         return _named(request, _stream(state, sub, shaper, request.scope))
     return _named(request, await _gather(state, sub, shaper, request))

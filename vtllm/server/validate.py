@@ -5,6 +5,7 @@ import msgspec
 from vtllm.errors import ContextLengthExceeded, InvalidParameter
 from vtllm.scheduler.sampling_params import SamplingParams
 from vtllm.server.protocol import ChatCompletionRequest, CompletionRequest
+from vtllm.server.tools import history_calls
 
 MAX_PROMPTS = 64  # prompts in one /v1/completions list
 MAX_N = 16
@@ -14,8 +15,7 @@ MAX_STOP = 4  # stop strings, as the OpenAI API documents
 MAX_STOP_CHARS = 256  # text within this many characters of the end is held back while streaming
 MAX_TOP_LOGPROBS = 20
 MAX_TEMPERATURE = 2.0
-ROLES = frozenset({"system", "developer", "user", "assistant"})
-TOOL_ROLES = frozenset({"tool", "function"})  # OpenAI's, refused until tool calling lands
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
 _UNBOUNDED = 1 << 62  # a prompt length no context reaches
@@ -176,22 +176,36 @@ def chat_messages(req: ChatCompletionRequest, max_chars: int) -> list[dict]:
         if not isinstance(message, dict):
             raise InvalidParameter("a message is an object", param=f"messages[{i}].role")
         role = message.get("role")
-        if role in TOOL_ROLES:
-            raise InvalidParameter("tool calling is not supported yet", param=f"messages[{i}].role")
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidParameter(
                 f"role must be one of {sorted(ROLES)}", param=f"messages[{i}].role"
             )
-        for key in ("tool_calls", "function_call"):  # an empty list or null asks for nothing
-            if message.get(key):
-                raise InvalidParameter(
-                    "tool calling is not supported yet", param=f"messages[{i}].{key}"
-                )
-        text = _content_text(message.get("content"), i)
+        if message.get("function_call"):  # the deprecated form; null asks for nothing
+            raise InvalidParameter(
+                "function_call is not supported; use tool_calls",
+                param=f"messages[{i}].function_call",
+            )
+        calls = message.get("tool_calls")
+        if calls and role != "assistant":
+            raise InvalidParameter(
+                "only assistant turns call tools", param=f"messages[{i}].tool_calls"
+            )
+        content = message.get("content")
+        text = "" if content is None and calls else _content_text(content, i)
         total += len(text)
         if total > max_chars:
             raise InvalidParameter(f"messages longer than {max_chars} characters", param="messages")
-        clean.append({"role": "system" if role == "developer" else role, "content": text})
+        turn = {"role": "system" if role == "developer" else role, "content": text}
+        if calls:  # an empty list or null asks for nothing
+            turn["tool_calls"] = history_calls(calls, i)
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise InvalidParameter(
+                    "a tool turn names its call (tool_call_id)", param=f"messages[{i}].tool_call_id"
+                )
+            turn["tool_call_id"] = call_id
+        clean.append(turn)
     return clean
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from vtllm.kernels import KQUANTS, QType
+from vtllm.kernels import PER_TYPE, QType
 from vtllm.kernels.cpu.embedding import embedding
 from vtllm.kernels.cpu.linear import linear
 from vtllm.kernels.cpu.quant import quantize
@@ -16,7 +16,7 @@ def run(ids, w, qtype, k):
     return out
 
 
-@pytest.mark.parametrize("qtype", [q for q in QType if q not in KQUANTS], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [q for q in QType if q not in PER_TYPE], ids=lambda q: q.name)
 def test_matches_reference(rng, qtype):
     k = 96 if qtype in (QType.Q4_0, QType.Q4_1, QType.Q8_0) else 72
     w = quantize(rng.standard_normal((50, k)).astype(np.float32), qtype)

@@ -9,12 +9,12 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from numba import njit
 
-from vtllm.kernels import BLOCK_BYTES, KQUANTS, QK, QType
+from vtllm.kernels import BLOCK_BYTES, PER_TYPE, QK, QType
 from vtllm.kernels.cpu.linear import GEMM_MIN_M, MC, NC, NC_MIN, _gemm_kernel, linear
 from vtllm.kernels.cpu.quant import bf16_to_f32, dequantize, f16_to_f32, quantize
 from vtllm.kernels.reference import linear_ref
 
-ALL = [q for q in QType if q not in KQUANTS]  # K-quants: test_linear_kq.py
+ALL = [q for q in QType if q not in PER_TYPE]  # the rest: test_linear_kq.py
 FLOAT = [QType.F32, QType.F16, QType.BF16]
 
 

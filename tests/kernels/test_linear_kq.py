@@ -1,12 +1,13 @@
-"""K-quant weights (Q2_K .. Q8_K) in the float32 kernels: decoding equal to gguf-py's to the
-bit, linear against the float64 reference, and the batch-invariance law of linear.py."""
+"""K-quant weights (Q2_K .. Q8_K) and Q5_0 / Q5_1 in the float32 kernels: decoding equal to
+gguf-py's to the bit, linear against the float64 reference, and the batch-invariance law of
+linear.py."""
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from tests.kernels.kquant_blocks import KQ_TYPES, random_kquant
+from tests.kernels.kquant_blocks import PER_TYPE, random_kquant
 from vtllm.kernels import QType
 from vtllm.kernels.cpu import linear_kq
 from vtllm.kernels.cpu.embedding import embedding
@@ -14,7 +15,7 @@ from vtllm.kernels.cpu.linear import MC, NC, NC_MIN, linear
 from vtllm.kernels.cpu.quant import dequantize
 from vtllm.kernels.reference import embedding_ref, linear_ref
 
-ids = pytest.mark.parametrize("qtype", KQ_TYPES, ids=lambda q: q.name)
+ids = pytest.mark.parametrize("qtype", PER_TYPE, ids=lambda q: q.name)
 
 
 def run(x, w, qtype, bias=None):

@@ -3,11 +3,11 @@
 import numpy as np
 from numba import cuda
 
-from vtllm.kernels import BLOCK_BYTES, KQUANTS, QK, QType
+from vtllm.kernels import BLOCK_BYTES, PER_TYPE, QK, QType
 from vtllm.kernels.cpu.quant import quantize
 from vtllm.kernels.cuda import SIMULATOR
 
-ALL_QTYPES = [q for q in QType if q not in KQUANTS]  # no CUDA K-quant kernels yet
+ALL_QTYPES = [q for q in QType if q not in PER_TYPE]  # no CUDA kernels for those yet
 FLOAT_QTYPES = [QType.F32, QType.F16, QType.BF16]
 QUANTIZED = [QType.Q4_0, QType.Q4_1, QType.Q8_0]
 

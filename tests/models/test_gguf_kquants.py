@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize as gguf_quantize
 
 from tests.kernels.kquant_blocks import random_kquant
 from tests.models.reference_forward import reference_logits
@@ -23,12 +24,15 @@ from vtllm.models.synthetic import hf_config, random_weights, save_safetensors, 
 
 Q2, Q3, Q4, Q5, Q6, Q8 = QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q8_0
 # name -> (most matrices, attn_v / ffn_down of layer 0, of layer 1, token_embd, output or None
-# when tied), after llama.cpp's choices (more bits for some layers' v and down)
+# when tied), after llama.cpp's choices (more bits for some layers' v and down). Where a row is
+# no multiple of 256 (SmolLM2's 576, Qwen2.5's 896) llama.cpp's mixes fall back to Q5_0 for
+# Q4_K, Q5_1 for Q5_K and Q8_0 for Q6_K: "fallback" is such a file's mix.
 MIXES = {
     "Q4_K_M": (Q4, Q6, Q4, Q6, None),
     "Q5_K_M": (Q5, Q6, Q5, Q8, Q6),
     "Q3_K_M": (Q3, Q5, Q4, Q6, None),
     "Q2_K": (Q2, Q3, Q4, Q8, Q6),
+    "fallback": (QType.Q5_0, Q8, QType.Q5_1, Q8, None),
 }
 LAYERS = 2
 
@@ -45,6 +49,9 @@ def _stored(rng, w: np.ndarray, qtype):
     rescaled so the decoded matrix has w's spread (random weights either way)."""
     if qtype == QType.F32:
         return w, w
+    if qtype in (QType.Q5_0, QType.Q5_1):
+        blocks = gguf_quantize(w, GGMLQuantizationType(int(qtype)))
+        return blocks, dequantize(blocks, qtype)
     if qtype not in KQUANTS:
         blocks = quantize(w, qtype)
         return blocks, dequantize(blocks, qtype)
@@ -148,6 +155,7 @@ def test_mix_loads_with_its_types(mix):
     w = quant.weights
     assert w.embed.qtype == embd and w.layers[0].down.qtype == v_down0
     assert w.layers[0].o.qtype == main and len(w.layers[0].qkv) == 3  # q, k, v kept apart
+    assert w.layers[1].down.qtype == MIXES[name][2]
     assert (w.lm_head is w.embed) == (output is None)
 
 

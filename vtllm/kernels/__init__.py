@@ -3,6 +3,7 @@
 Leaf package: imports nothing else of vtllm. Weight matrices are passed as (data, qtype):
 - QType.F32: float32 [N, K]; F16: float16 [N, K]; BF16: uint16 bits [N, K]
 - QType.Q4_0 / Q4_1 / Q8_0: uint8 [N, K // 32 * BLOCK_BYTES[qtype]], GGML block layout, row-major
+- QType.Q5_0 / Q5_1: uint8 [N, K // 32 * Q5_BYTES[qtype]], GGML block layout, row-major
 - QType.Q2_K .. Q8_K (K-quants): uint8 [N, K // 256 * KQUANT_BYTES[qtype]], GGML super-blocks of
   256 weights, row-major
 """
@@ -17,6 +18,8 @@ class QType(IntEnum):
     F16 = 1
     Q4_0 = 2
     Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
     Q2_K = 10
     Q3_K = 11
@@ -40,12 +43,19 @@ KQUANT_BYTES = {
     QType.Q8_K: 292,
 }
 KQUANTS = frozenset(KQUANT_BYTES)
+# Q5_0 / Q5_1: what llama.cpp's K-quant mixes fall back to where K is no multiple of 256
+Q5_BYTES = {QType.Q5_0: 22, QType.Q5_1: 24}
+# types whose CPU kernels are compiled per type on first use (cpu/linear_kq); the CUDA
+# kernels take none of them yet
+PER_TYPE = KQUANTS | frozenset(Q5_BYTES)
 
 
 def block_layout(qtype) -> tuple[int, int] | None:
     """(weights per block, bytes per block) of a block-quantized type, None for float types."""
     if qtype in BLOCK_BYTES:
         return QK, BLOCK_BYTES[qtype]
+    if qtype in Q5_BYTES:
+        return QK, Q5_BYTES[qtype]
     if qtype in KQUANT_BYTES:
         return QK_K, KQUANT_BYTES[qtype]
     return None

@@ -8,7 +8,7 @@ import numpy as np
 from numba import njit
 from numba.core import types
 
-from vtllm.kernels import KQUANTS
+from vtllm.kernels import PER_TYPE
 from vtllm.kernels.cpu._simd import carray
 from vtllm.kernels.cpu.quant import dequant_row, weight_rows
 
@@ -58,7 +58,7 @@ def embedding(token_ids: np.ndarray, w: np.ndarray, qtype, out: np.ndarray) -> N
         )
     wb = weight_rows(w, qtype, out.shape[1], "embedding")
     kernel = _embedding_kernel
-    if qtype in KQUANTS:  # compiled on first use (see linear_kq)
+    if qtype in PER_TYPE:  # compiled on first use (see linear_kq)
         from vtllm.kernels.cpu.linear_kq import embedding_kernel as kernel
     bad = kernel(token_ids, wb, int(qtype), out)
     if bad >= 0:

@@ -1,4 +1,5 @@
-"""K-quant weights (GGML super-blocks of 256) decoded to float32 lanes inside CPU kernels.
+"""K-quant weights (GGML super-blocks of 256), and Q5_0 / Q5_1 (blocks of 32), decoded to
+float32 lanes inside CPU kernels.
 
 Every super-block splits into 16 chunks of 16 consecutive weights, and each chunk has one
 scale (and for Q2_K / Q4_K / Q5_K one minimum): `kq_chunk` decodes chunk c of a super-block
@@ -10,6 +11,7 @@ as 16 float32 lanes, computed as ggml and gguf-py compute them:
   Q5_K  as Q4_K                                     q in 0..31
   Q6_K  (d * sc) * q                                q in -32..31, an int8 scale per chunk
   Q8_K  d * q                                       d float32, q int8
+  Q5_0  d * (q - 16), Q5_1 d * q + m                q in 0..31, 2 chunks per 32-weight block
 
 (parenthesised products are rounded to float32 first). The linear kernels, their GEMM tiles
 and the embedding all decode with this one function, so a weight is the same float in each.
@@ -22,7 +24,7 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
-from vtllm.kernels import KQUANT_BYTES, QType
+from vtllm.kernels import KQUANT_BYTES, Q5_BYTES, QType
 from vtllm.kernels.cpu._simd import (
     _VF,
     _VI32,
@@ -33,6 +35,7 @@ from vtllm.kernels.cpu._simd import (
     _ptr,
     ld_f16,
     ld_f32,
+    vadd,
     vload_i8,
     vmul,
     vsplat,
@@ -43,10 +46,11 @@ from vtllm.kernels.cpu._simd import (
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = (
     int(q) for q in (QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K, QType.Q8_K)
 )
+Q5_0, Q5_1 = int(QType.Q5_0), int(QType.Q5_1)
+BB_Q5_0, BB_Q5_1 = Q5_BYTES[QType.Q5_0], Q5_BYTES[QType.Q5_1]
 BB_Q2_K, BB_Q3_K, BB_Q4_K, BB_Q5_K, BB_Q6_K, BB_Q8_K = (
     KQUANT_BYTES[QType(q)] for q in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K)
 )
-CHUNKS = 16  # 16-weight chunks per super-block
 
 
 def _intp(context, builder, sig, args, i):
@@ -115,8 +119,30 @@ def ld_u8(typingctx, w, off):
     return types.int64(w, off), codegen
 
 
+@intrinsic
+def vbit16(typingctx, w, off):
+    """Float lanes of bit i of the little-endian 16-bit word at byte offset off (lane i < 16):
+    Q5_0 / Q5_1 keep their fifth bits that way."""
+    if not _check_array(w, (types.uint8,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr(context, builder, sig.args[0], args[0], _intp(context, builder, sig, args, 1))
+        word = builder.zext(_load_vec(builder, ptr, ir.IntType(16)), _I32)
+        vec = builder.insert_element(ir.Constant(_VI32, ir.Undefined), word, ir.Constant(_I32, 0))
+        vec = builder.shuffle_vector(vec, vec, ir.Constant(_VI32, [0] * LANES))
+        bits = builder.lshr(vec, ir.Constant(_VI32, list(range(LANES))))
+        return builder.sitofp(builder.and_(bits, ir.Constant(_VI32, [1] * LANES)), _VF)
+
+    return V16(w, off), codegen
+
+
 @njit(inline="always")
 def kq_block_bytes(qt):
+    if qt == Q5_0:
+        return BB_Q5_0
+    if qt == Q5_1:
+        return BB_Q5_1
     if qt == Q4_K:
         return BB_Q4_K
     if qt == Q6_K:
@@ -215,8 +241,32 @@ def chunk_q8k(w, sb, c):
 
 
 @njit(inline="always")
+def _q5(w, sb, c, hdr):
+    """Q5_0 / Q5_1 quants 16c .. 16c + 15 (0..31) of the 32-weight block at sb: nibbles at
+    hdr + 4, fifth bits in the 32-bit word at hdr."""
+    hb = vbit16(w, sb + hdr + 2 * c)
+    return vadd(vbits(w, sb + hdr + 4, 4 * c, 15), vmul(hb, vsplat(np.float32(16.0))))
+
+
+@njit(inline="always")
+def chunk_q5_0(w, sb, c):
+    """d * (q - 16), as ggml and gguf-py round it (once)."""
+    return vmul(vsplat(ld_f16(w, sb)), vsub(_q5(w, sb, c, 2), vsplat(np.float32(16.0))))
+
+
+@njit(inline="always")
+def chunk_q5_1(w, sb, c):
+    """d * q + m (two roundings, as Q4_1)."""
+    return vadd(vmul(vsplat(ld_f16(w, sb)), _q5(w, sb, c, 4)), vsplat(ld_f16(w, sb + 2)))
+
+
+@njit(inline="always")
 def kq_chunk(w, qt, sb, c):
-    """Weights 16c .. 16c + 15 of the super-block at byte offset sb, as float32 lanes."""
+    """Weights 16c .. 16c + 15 of the block at byte offset sb, as float32 lanes."""
+    if qt == Q5_0:
+        return chunk_q5_0(w, sb, c)
+    if qt == Q5_1:
+        return chunk_q5_1(w, sb, c)
     if qt == Q4_K:
         return chunk_q4k(w, sb, c)
     if qt == Q6_K:
@@ -235,6 +285,7 @@ def kq_dequant_row(w, qt, n, K, dst, dst_off):
     """dst.flat[dst_off : dst_off + K] = row n of w (uint8 [N, row_bytes]), decoded."""
     r = n * w.shape[1]
     bb = kq_block_bytes(qt)
-    for s in range(K // 256):
-        for c in range(CHUNKS):
-            vstore(dst, dst_off + s * 256 + c * 16, kq_chunk(w, qt, r + s * bb, c))
+    bw = 32 if qt == Q5_0 or qt == Q5_1 else 256  # weights per block
+    for s in range(K // bw):
+        for c in range(bw // 16):
+            vstore(dst, dst_off + s * bw + c * 16, kq_chunk(w, qt, r + s * bb, c))

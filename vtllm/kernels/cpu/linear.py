@@ -25,7 +25,7 @@ from numba.core.types import int64 as i64
 from numba.core.types import uint8 as u8
 from numba.core.types import void
 
-from vtllm.kernels import KQUANTS, QType
+from vtllm.kernels import PER_TYPE, QType
 from vtllm.kernels.cpu._int8simd import prefetch
 from vtllm.kernels.cpu._simd import carray, fma32, hsum, hsum16, vfma, vload, vstore, vzero
 from vtllm.kernels.cpu.quant import (
@@ -276,7 +276,7 @@ def linear(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=None) -
     if m == 0 or n == 0:
         return
     qtype = QType(qtype)
-    if qtype in KQUANTS:  # compiled on first use (see linear_kq)
+    if qtype in PER_TYPE:  # compiled on first use (see linear_kq)
         from vtllm.kernels.cpu import linear_kq
 
         gemv, gemm = linear_kq.kernels(int(qtype))

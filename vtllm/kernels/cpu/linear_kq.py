@@ -1,5 +1,5 @@
-"""out = x @ W.T (+ bias) and embedding rows for K-quant weights (Q2_K .. Q8_K), float32
-numerics. Hot path: keep it lean.
+"""out = x @ W.T (+ bias) and embedding rows for K-quant weights (Q2_K .. Q8_K) and Q5_0 /
+Q5_1, float32 numerics. Hot path: keep it lean.
 
 The same law as linear.py, whose GEMM microkernel this reuses: every output is
 
@@ -7,8 +7,8 @@ The same law as linear.py, whose GEMM microkernel this reuses: every output is
     for each 16-wide chunk c of K, in order:  acc = fma(x[m, c], w[n, c], acc)   (lane-wise)
     out[m, n] = hsum(acc) + bias[n]
 
-with w[n, c] from kquant.kq_chunk (K is a multiple of 256, so there is no tail). Small M runs
-the GEMV (chunks decoded in registers, 4 rows of W per x load, W prefetched); larger M decodes
+with w[n, c] from kquant's decoders (K is a multiple of the block: no tail). Small M runs the
+GEMV (chunks decoded in registers, 4 rows of W per x load, W prefetched); larger M decodes
 a tile of W once into scratch and runs linear's 4x4 microkernel. A separate module from
 linear.py so that a model without K-quants never compiles these kernels: linear() and
 embedding() import it on the first K-quant weight.
@@ -28,19 +28,24 @@ from vtllm.kernels.cpu.kquant import (
     BB_Q2_K,
     BB_Q3_K,
     BB_Q4_K,
+    BB_Q5_0,
+    BB_Q5_1,
     BB_Q5_K,
     BB_Q6_K,
     BB_Q8_K,
-    CHUNKS,
     Q2_K,
     Q3_K,
     Q4_K,
+    Q5_0,
+    Q5_1,
     Q5_K,
     Q6_K,
     Q8_K,
     chunk_q2k,
     chunk_q3k,
     chunk_q4k,
+    chunk_q5_0,
+    chunk_q5_1,
     chunk_q5k,
     chunk_q6k,
     chunk_q8k,
@@ -67,8 +72,8 @@ def _put(out, bias, m, n, acc):
 
 
 @njit(inline="always")
-def _gemv(x, w, bias, out, chunk, bb):
-    """The GEMV for one type: its decoder `chunk`, its block bytes `bb`."""
+def _gemv(x, w, bias, out, chunk, bb, bw):
+    """The GEMV for one type: its decoder `chunk`, bytes `bb` and weights `bw` per block."""
     M, K = x.shape
     N = out.shape[1]
     xf = x.reshape(M * K)
@@ -84,10 +89,10 @@ def _gemv(x, w, bias, out, chunk, bb):
         for m in range(M):  # 4 rows of W share each x load
             xo = m * K
             a0 = a1 = a2 = a3 = vzero()
-            for s in range(K // 256):
+            for s in range(K // bw):
                 o = s * bb
-                for c in range(CHUNKS):
-                    xv = vload(xf, xo + s * 256 + c * 16)
+                for c in range(bw // 16):
+                    xv = vload(xf, xo + s * bw + c * 16)
                     a0 = vfma(xv, chunk(w, r0 + o, c), a0)
                     a1 = vfma(xv, chunk(w, r1 + o, c), a1)
                     a2 = vfma(xv, chunk(w, r2 + o, c), a2)
@@ -99,7 +104,7 @@ def _gemv(x, w, bias, out, chunk, bb):
 
 
 @njit(inline="always")
-def _gemm(x, w, bias, out, tile_rows, chunk, bb):
+def _gemm(x, w, bias, out, tile_rows, chunk, bb, bw):
     M, K = x.shape
     N = out.shape[1]
     xf = x.reshape(M * K)
@@ -112,9 +117,9 @@ def _gemm(x, w, bias, out, tile_rows, chunk, bb):
         tile = np.empty(nc * K, np.float32)  # per-task scratch: W rows n0..n0+nc decoded
         for i in range(nc):
             r = (n0 + i) * w.shape[1]
-            for s in range(K // 256):
-                for c in range(CHUNKS):
-                    vstore(tile, i * K + s * 256 + c * 16, chunk(w, r + s * bb, c))
+            for s in range(K // bw):
+                for c in range(bw // 16):
+                    vstore(tile, i * K + s * bw + c * 16, chunk(w, r + s * bb, c))
         sums = np.empty(MR * NR, np.float32)
         for mb in range(m0, min(M, m0 + MC), MR):
             for nb in range(0, nc, NR):
@@ -128,65 +133,87 @@ _JIT = dict(nogil=True, parallel=True, cache=True)
 
 @njit(**_JIT)
 def _gemv_q4k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q4k, BB_Q4_K)
+    _gemv(x, w, bias, out, chunk_q4k, BB_Q4_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q4k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q4k, BB_Q4_K)
+    _gemm(x, w, bias, out, tile_rows, chunk_q4k, BB_Q4_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q5k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q5k, BB_Q5_K)
+    _gemv(x, w, bias, out, chunk_q5k, BB_Q5_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q5k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q5k, BB_Q5_K)
+    _gemm(x, w, bias, out, tile_rows, chunk_q5k, BB_Q5_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q6k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q6k, BB_Q6_K)
+    _gemv(x, w, bias, out, chunk_q6k, BB_Q6_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q6k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q6k, BB_Q6_K)
+    _gemm(x, w, bias, out, tile_rows, chunk_q6k, BB_Q6_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q3k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q3k, BB_Q3_K)
+    _gemv(x, w, bias, out, chunk_q3k, BB_Q3_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q3k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q3k, BB_Q3_K)
+    _gemm(x, w, bias, out, tile_rows, chunk_q3k, BB_Q3_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q2k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q2k, BB_Q2_K)
+    _gemv(x, w, bias, out, chunk_q2k, BB_Q2_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q2k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q2k, BB_Q2_K)
+    _gemm(x, w, bias, out, tile_rows, chunk_q2k, BB_Q2_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q8k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q8k, BB_Q8_K)
+    _gemv(x, w, bias, out, chunk_q8k, BB_Q8_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q8k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q8k, BB_Q8_K)
+    _gemm(x, w, bias, out, tile_rows, chunk_q8k, BB_Q8_K, 256)
+
+
+@njit(**_JIT)
+def _gemv_q5_0(x, w, bias, out):
+    _gemv(x, w, bias, out, chunk_q5_0, BB_Q5_0, 32)
+
+
+@njit(**_JIT)
+def _gemm_q5_0(x, w, bias, out, tile_rows):
+    _gemm(x, w, bias, out, tile_rows, chunk_q5_0, BB_Q5_0, 32)
+
+
+@njit(**_JIT)
+def _gemv_q5_1(x, w, bias, out):
+    _gemv(x, w, bias, out, chunk_q5_1, BB_Q5_1, 32)
+
+
+@njit(**_JIT)
+def _gemm_q5_1(x, w, bias, out, tile_rows):
+    _gemm(x, w, bias, out, tile_rows, chunk_q5_1, BB_Q5_1, 32)
 
 
 _BY_TYPE = {
+    Q5_0: (_gemv_q5_0, _gemm_q5_0),
+    Q5_1: (_gemv_q5_1, _gemm_q5_1),
     Q4_K: (_gemv_q4k, _gemm_q4k),
     Q5_K: (_gemv_q5k, _gemm_q5k),
     Q6_K: (_gemv_q6k, _gemm_q6k),

@@ -11,7 +11,7 @@ uses these same functions, so a weight decodes to the same float everywhere:
 import numpy as np
 from numba import njit
 
-from vtllm.kernels import BLOCK_BYTES, KQUANTS, QK, QType, block_layout
+from vtllm.kernels import BLOCK_BYTES, PER_TYPE, QK, QType, block_layout
 from vtllm.kernels.cpu._simd import (
     bf16_to_f32,
     f16_to_f32,
@@ -157,7 +157,7 @@ def dequantize(w: np.ndarray, qtype) -> np.ndarray:
     if qtype == QType.BF16:
         return (w.astype(np.uint32) << 16).view(np.float32)
     n = w.shape[0]
-    if qtype in KQUANTS:  # gguf-py's decoders, written from ggml's
+    if qtype in PER_TYPE:  # gguf-py's decoders, written from ggml's
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize as gguf_dequantize
 

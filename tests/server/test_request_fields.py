@@ -154,6 +154,21 @@ def test_prompt_logprobs_over_http(server):
     assert all(len(e) == 1 for e in entries[1:])  # 0: the prompt token's own logprob alone
 
 
+def test_allowed_token_ids_and_bad_words_reach_the_sampler(server):
+    allowed = [28, 29, 30]
+    body = _c(prompt="Count:", allowed_token_ids=allowed, max_tokens=6, logprobs=0, ignore_eos=True)
+    r = httpx.post(server + C, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    tokens = r.json()["choices"][0]["logprobs"]["tokens"]
+    assert len(tokens) == 6 and all(t in ",-." for t in tokens)  # ids 28-30: , - .
+    prompt = "The capital of France is Paris. The capital of France is"
+    free = httpx.post(server + C, json=_c(prompt=prompt, temperature=0), timeout=120).json()
+    word = free["choices"][0]["text"].split()[0]
+    banned = _c(prompt=prompt, temperature=0, bad_words=[word])
+    text = httpx.post(server + C, json=banned, timeout=120).json()["choices"][0]["text"]
+    assert word not in text.split()
+
+
 @pytest.fixture(scope="module")
 def strict():
     proc, base = start_server("--strict-request-fields", "true")

@@ -34,8 +34,6 @@ _STORED = "stored completions are not supported"
 DEFAULTS: dict[str, tuple[tuple, str]] = {
     "functions": ((None, []), _TOOLS),
     "function_call": ((None, "none"), _TOOLS),
-    "bad_words": ((None, []), _SAMPLING),
-    "allowed_token_ids": ((None,), _SAMPLING),
     "logits_processors": ((None, []), _SAMPLING),
     "use_beam_search": ((None, False), _SAMPLING),
     "length_penalty": ((None, 1.0), _SAMPLING),

@@ -101,8 +101,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     guided_whitespace_pattern: Checked = ABSENT
     # vLLM's other sampling and output extras
     truncate_prompt_tokens: int | None = None  # vLLM's: keep the prompt's last k tokens
-    bad_words: Unsupported = ABSENT
-    allowed_token_ids: Unsupported = ABSENT
+    bad_words: list[str] | None = None  # never generated (engine/structured)
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
     logits_processors: Unsupported = ABSENT
     use_beam_search: Unsupported = ABSENT
     length_penalty: Unsupported = ABSENT

@@ -296,6 +296,8 @@ def sampling_params(req, *, chat: bool, max_new_tokens: int) -> SamplingParams:
         prompt_logprobs=_prompt_logprobs(req, chat),
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
+        bad_words=req.bad_words or None,
+        allowed_token_ids=req.allowed_token_ids,
     )
 
 

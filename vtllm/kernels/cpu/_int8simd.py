@@ -115,6 +115,24 @@ def izero(typingctx):
     return I16(), codegen
 
 
+def _nibbles(context, builder, sig, args):
+    """The 64 nibbles of two Q4 blocks' 16 bytes (args 1, 2: offsets), in element order."""
+    ptrs = [
+        _ptr(context, builder, sig.args[0], args[0], _offset(context, builder, sig, args, i))
+        for i in (1, 2)
+    ]
+    a, b = (_load(builder, p, ir.VectorType(_I8, 16)) for p in ptrs)
+    ab = builder.shuffle_vector(a, b, _ivec(range(32)))
+    v = builder.shuffle_vector(ab, ab, _ivec([*range(16)] * 2 + [*range(16, 32)] * 2))
+    # high nibbles: a 16-bit shift moves each byte's top nibble down (the bits that cross
+    # from the neighbour byte are masked off below)
+    words = builder.bitcast(v, ir.VectorType(_I16, 32))
+    four = ir.Constant(ir.VectorType(_I16, 32), [4] * 32)
+    shifted = builder.bitcast(builder.lshr(words, four), _VB)
+    hi_lane = ir.Constant(ir.VectorType(ir.IntType(1), 64), ([0] * 16 + [1] * 16) * 2)
+    return builder.and_(builder.select(hi_lane, shifted, v), ir.Constant(_VB, [15] * 64))
+
+
 @intrinsic
 def q4_pair(typingctx, w, off_a, off_b):
     """Weights of two Q4 blocks whose 16 nibble bytes sit at byte offsets off_a and off_b, as
@@ -123,20 +141,38 @@ def q4_pair(typingctx, w, off_a, off_b):
         return None
 
     def codegen(context, builder, sig, args):
-        ptrs = [
-            _ptr(context, builder, sig.args[0], args[0], _offset(context, builder, sig, args, i))
-            for i in (1, 2)
-        ]
-        a, b = (_load(builder, p, ir.VectorType(_I8, 16)) for p in ptrs)
-        ab = builder.shuffle_vector(a, b, _ivec(range(32)))
-        v = builder.shuffle_vector(ab, ab, _ivec([*range(16)] * 2 + [*range(16, 32)] * 2))
-        # high nibbles: a 16-bit shift moves each byte's top nibble down (the bits that cross
-        # from the neighbour byte are masked off below)
-        words = builder.bitcast(v, ir.VectorType(_I16, 32))
-        four = ir.Constant(ir.VectorType(_I16, 32), [4] * 32)
-        shifted = builder.bitcast(builder.lshr(words, four), _VB)
-        hi_lane = ir.Constant(ir.VectorType(ir.IntType(1), 64), ([0] * 16 + [1] * 16) * 2)
-        return builder.and_(builder.select(hi_lane, shifted, v), ir.Constant(_VB, [15] * 64))
+        return _nibbles(context, builder, sig, args)
+
+    return B64(w, off_a, off_b), codegen
+
+
+@intrinsic
+def q5_pair(typingctx, w, off_a, off_b):
+    """Weights of two Q5_0 / Q5_1 blocks (0..31) as 64 unsigned bytes in element order: the
+    nibbles at off_a and off_b as q4_pair, plus 16 where bit j of the 32-bit word just before
+    them (the block's fifth bits) is set."""
+    if not _check_array(w, (types.uint8,)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        nib = _nibbles(context, builder, sig, args)
+        words = []
+        for i in (1, 2):
+            off = builder.sub(_offset(context, builder, sig, args, i), ir.Constant(_I64, 4))
+            words.append(
+                _load(
+                    builder,
+                    _ptr(context, builder, sig.args[0], args[0], off),
+                    ir.VectorType(_I8, 4),
+                )
+            )
+        qh = builder.shuffle_vector(words[0], words[1], _ivec(range(8)))
+        spread = builder.shuffle_vector(qh, qh, _ivec([j // 8 for j in range(64)]))
+        mask = ir.Constant(_VB, [1 << (j % 8) for j in range(64)])
+        set_ = builder.icmp_unsigned("!=", builder.and_(spread, mask), ir.Constant(_VB, [0] * 64))
+        return builder.or_(
+            nib, builder.select(set_, ir.Constant(_VB, [16] * 64), ir.Constant(_VB, [0] * 64))
+        )
 
     return B64(w, off_a, off_b), codegen
 

@@ -46,6 +46,7 @@ from vtllm.kernels.cpu._int8simd import (
     min16,
     prefetch,
     q4_pair,
+    q5_pair,
     q8_pair,
     scale_pair,
     store_b64,
@@ -54,6 +55,9 @@ from vtllm.kernels.cpu._simd import carray, hsum, hsum16, vfma, vload, vmul, vst
 from vtllm.kernels.cpu.linear import linear_args
 from vtllm.kernels.cpu.quant import BB_Q4_0, BB_Q4_1, BB_Q8_0, Q4_0, Q4_1, Q8_0
 from vtllm.kernels.cpu.quant_int8 import num_groups, num_pairs, quantize_row
+
+# Q5_0 / Q5_1 go through this module's inline pieces too, in their own kernels (linear_q5)
+Q5_0, Q5_1 = int(QType.Q5_0), int(QType.Q5_1)
 
 GEMM_MIN_M = 4  # from here tiles of unpacked W pay for themselves (BENCHMARKS.md, CPU engine)
 MR = 4  # microkernel rows of x (fixed by the code of _micro)
@@ -71,8 +75,10 @@ _ARGS = (carray(f32, 2, True), carray(u8, 2, True), i64, carray(f32, 1, True), c
 # x, w bytes, qtype, bias (empty: none), out, then threads (GEMV) or rows of W per tile (GEMM)
 _SIG = void(*_ARGS, i64)
 QUANTIZED = (QType.Q4_0, QType.Q4_1, QType.Q8_0)
-# K-quants with int8 kernels (linear_kq8, compiled on first use); Q8_K is an activation format
+# K-quants with int8 kernels (linear_kq8, compiled on first use; Q8_K is an activation
+# format), and Q5_0 / Q5_1 (linear_q5, likewise)
 KQUANT_INT8 = (QType.Q2_K, QType.Q3_K, QType.Q4_K, QType.Q5_K, QType.Q6_K)
+Q5_INT8 = (QType.Q5_0, QType.Q5_1)
 
 
 @njit(inline="always")
@@ -80,6 +86,10 @@ def _layout(qt):
     """(bytes per block, offset of the quants inside a block)."""
     if qt == Q4_1:
         return BB_Q4_1, 4
+    if qt == Q5_0:
+        return 22, 6
+    if qt == Q5_1:
+        return 24, 8
     if qt == Q4_0:
         return BB_Q4_0, 2
     return BB_Q8_0, 2
@@ -89,6 +99,8 @@ def _layout(qt):
 def _wpair(w, qt, oa, ob, hdr):
     if qt == Q4_0 or qt == Q4_1:
         return q4_pair(w, oa + hdr, ob + hdr)
+    if qt == Q5_0 or qt == Q5_1:
+        return q5_pair(w, oa + hdr, ob + hdr)
     return q8_pair(w, oa + hdr, ob + hdr)
 
 
@@ -111,7 +123,15 @@ def _scratch(x):
 
 @njit(inline="always")
 def _corr(qt):
-    return 8 if qt == Q4_0 else (0 if qt == Q4_1 else 128)
+    if qt == Q5_0:
+        return 16
+    return 8 if qt == Q4_0 else (0 if _has_min(qt) else 128)
+
+
+@njit(inline="always")
+def _has_min(qt):
+    """Block minimums (an f16 at byte 2 of each block) to add: Q4_1, Q5_1."""
+    return qt == Q4_1 or qt == Q5_1
 
 
 @njit(inline="always")
@@ -132,7 +152,7 @@ def _dot4(w, qt, r0, r1, r2, r3, nb, P, xq, xd, xc, xs, m):
         a2 = _step(wb, scale_pair(w, r2 + oa, r2 + ob), xb, dx, c, a2)
         wb = _wpair(w, qt, r3 + oa, r3 + ob, hdr)
         a3 = _step(wb, scale_pair(w, r3 + oa, r3 + ob), xb, dx, c, a3)
-    if qt == Q4_1:  # the block minimums' term, 16 blocks per FMA
+    if _has_min(qt):  # the block minimums' term, 16 blocks per FMA
         G = xs.shape[1] // 16
         for g in range(G):
             sv = vload(xs, (m * G + g) * 16)
@@ -214,7 +234,7 @@ def _unpack_tile(w, qt, n0, nc, nb, P, G, tb, td, tm):
             ob = r + min(2 * p + 1, nb - 1) * bb
             store_b64(tb, (i * P + p) * 64, _wpair(w, qt, oa, ob, hdr))
             vstore(td, (i * P + p) * 16, scale_pair(w, oa, ob))
-        if qt == Q4_1:
+        if _has_min(qt):
             for g in range(G):
                 vstore(tm, (i * G + g) * 16, min16(w, r + g * 16 * bb, bb, nb - g * 16))
 
@@ -267,7 +287,7 @@ def _micro(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums
         a10, a11, a12, a13 = _row(xq, xd, xc, x1 * P + p, ws, ds, a10, a11, a12, a13)
         a20, a21, a22, a23 = _row(xq, xd, xc, x2 * P + p, ws, ds, a20, a21, a22, a23)
         a30, a31, a32, a33 = _row(xq, xd, xc, x3 * P + p, ws, ds, a30, a31, a32, a33)
-    if qt == Q4_1:
+    if _has_min(qt):
         G = xs.shape[1] // 16
         t0, t1, t2, t3 = t0 // P * G, t1 // P * G, t2 // P * G, t3 // P * G
         for g in range(G):
@@ -311,7 +331,7 @@ def _gemm_tiles(x, w, qt, bias, out, xq, xd, xc, xs, tile_rows):
         m0 = (task - nt * n_panels) * MC
         tb = np.empty(nc * P * 64, np.uint8)  # per-task scratch: W rows n0..n0+nc unpacked
         td = np.empty(nc * P * 16, np.float32)
-        tm = np.empty(nc * xs.shape[1] if qt == Q4_1 else 16, np.float32)
+        tm = np.empty(nc * xs.shape[1] if _has_min(qt) else 16, np.float32)
         _unpack_tile(w, qt, n0, nc, nb, P, xs.shape[1] // 16, tb, td, tm)
         sums = np.empty(MR * NR, np.float32)
         for mb in range(m0, min(M, m0 + MC), MR):
@@ -343,10 +363,10 @@ def tile_rows_for(m, n, threads):
 
 def linear_int8(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=None) -> None:
     """out[M, N] = int8(x)[M, K] @ W.T (+ bias[N]) for W in Q4_0 / Q4_1 / Q8_0 (see
-    vtllm.kernels), x quantized per 32-block inside the call; or W in Q2_K .. Q6_K, x
-    quantized per 256-block (linear_kq8). out must not overlap x."""
+    vtllm.kernels), or Q5_0 / Q5_1 (linear_q5), x quantized per 32-block inside the call; or
+    W in Q2_K .. Q6_K, x quantized per 256-block (linear_kq8). out must not overlap x."""
     qtype = QType(qtype)
-    if qtype not in QUANTIZED and qtype not in KQUANT_INT8:
+    if qtype not in QUANTIZED and qtype not in KQUANT_INT8 and qtype not in Q5_INT8:
         raise ValueError(f"linear_int8: {qtype.name} weights have no int8 kernel")
     m, n, wb, bias = linear_args("linear_int8", x, w, qtype, out, bias)
     if m == 0 or n == 0:
@@ -355,6 +375,11 @@ def linear_int8(x: np.ndarray, w: np.ndarray, qtype, out: np.ndarray, *, bias=No
         from vtllm.kernels.cpu.linear_kq8 import linear_kq8
 
         linear_kq8(x, wb, int(qtype), bias, out, numba.get_num_threads())
+        return
+    if qtype in Q5_INT8:
+        from vtllm.kernels.cpu.linear_q5 import linear_q5
+
+        linear_q5(x, wb, int(qtype), bias, out, numba.get_num_threads())
         return
     if m < GEMM_MIN_M:
         _gemv_kernel(x, wb, int(qtype), bias, out, numba.get_num_threads())

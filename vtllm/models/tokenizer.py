@@ -4,29 +4,30 @@ import json
 from functools import cached_property
 from pathlib import Path
 
-from vtllm.errors import ModelLoadError, UnsupportedModel
+from vtllm.errors import ModelLoadError
 
-# Pre-tokenizer split patterns that GGUF names by `tokenizer.ggml.pre` (the same regexes the
-# original tokenizer.json files carry).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_CONTROL_TOKEN = 3  # llama.cpp token type of special/control tokens
 _GIL_FREE_CHARS = 4096  # longer texts are encoded without holding the GIL
 
 
 class Tokenizer:
-    def __init__(self, backend, *, bos_token_id, eos_token_ids, add_bos: bool, chat_template):
+    def __init__(
+        self,
+        backend,
+        *,
+        bos_token_id,
+        eos_token_ids,
+        add_bos: bool,
+        chat_template,
+        append_ids=(),
+        normalizer_keeps_length: bool = False,
+    ):
         self.backend = backend  # tokenizers.Tokenizer
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(eos_token_ids)
         self.add_bos = add_bos
+        self.append_ids = list(append_ids)  # close an encoded text (BERT's [SEP], T5's EOS)
         self.chat_template = chat_template
+        self.normalizer_keeps_length = normalizer_keeps_length
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
@@ -40,14 +41,21 @@ class Tokenizer:
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id, *ids]
+        if (
+            add_special_tokens
+            and self.append_ids
+            and ids[-len(self.append_ids) :] != self.append_ids
+        ):
+            ids = [*ids, *self.append_ids]
         return ids
 
     @cached_property
     def max_token_bytes(self) -> int:
         """The most bytes of text one token stands for (+1 for a decoder that drops a leading
-        space); 0 when a normalizer could shrink the text first and no bound holds."""
+        space); 0 when a normalizer could shrink the text first and no bound holds (one that
+        only writes spaces as "▁" and prepends one keeps each token's share of the text)."""
         backend = self.backend
-        if backend.normalizer is not None:
+        if backend.normalizer is not None and not self.normalizer_keeps_length:
             return 0
         ids = range(backend.get_vocab_size(with_added_tokens=True))
         return 1 + max(len(backend.decode([i], skip_special_tokens=False).encode()) for i in ids)
@@ -149,52 +157,18 @@ def from_tokenizer_json(directory: Path) -> Tokenizer:
 
 
 def from_gguf(reader, path: Path, field) -> Tokenizer:
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as Backend
+    from vtllm.models import gguf_vocab
 
-    model = field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise UnsupportedModel(
-            f"{path}: GGUF tokenizer model {model!r} is not supported (only gpt2-style BPE); "
-            "use the model's HF directory with tokenizer.json"
-        )
-    pre = field(reader, "tokenizer.ggml.pre", "default")
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    if pre == "smollm":
-        pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(False, True)]
-        )
-    elif pre in ("default", "gpt-2"):
-        pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    elif pre in ("llama-bpe", "llama3"):
-        split = pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated")
-        pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
-    elif pre == "qwen2":
-        split = pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated")
-        pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
-    else:
-        raise UnsupportedModel(f"{path}: GGUF pre-tokenizer {pre!r} is not supported")
-
-    tokens = field(reader, "tokenizer.ggml.tokens")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges", [])]
-    # A merge whose result is no token: llama.cpp splits that result back into its bytes (the
-    # same tokens as not merging), `tokenizers` refuses the whole vocabulary. Leave it out.
-    merges = [m for m in merges if len(m) == 2 and m[0] + m[1] in vocab]
-    bpe = models.BPE(vocab=vocab, merges=merges)
-    backend = Backend(bpe)
-    backend.pre_tokenizer = pre_tokenizer
-    backend.decoder = decoders.ByteLevel()
-    types = field(reader, "tokenizer.ggml.token_type", [])
-    special = [tokens[i] for i, kind in enumerate(types) if kind == _CONTROL_TOKEN]
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    vocab = gguf_vocab.build(lambda key, default=None: field(reader, key, default), path)
     eos = field(reader, "tokenizer.ggml.eos_token_id")
     return Tokenizer(
-        backend,
-        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
+        vocab.backend,
+        bos_token_id=vocab.bos_token_id,
         eos_token_ids=[] if eos is None else [int(eos)],
-        add_bos=bool(field(reader, "tokenizer.ggml.add_bos_token", False)),
+        add_bos=vocab.add_bos,
         chat_template=field(reader, "tokenizer.chat_template"),
+        append_ids=vocab.append_ids,
+        normalizer_keeps_length=vocab.normalizer_keeps_length,
     )
 
 

@@ -10,20 +10,23 @@ prefix), and for a unigram vocabulary that llama.cpp reads as "llama" its greedy
 the reference of the "bert" model.
 """
 
-import io
-import random
-
 import pytest
+import sentencepiece as spm
 from gguf import GGUFWriter
 
+from tests.models.spm_util import (
+    gguf_tokenizer,
+    llama_cpp_spm,
+    split_at_tokens,
+    train,
+    training_lines,
+    write_spm_model,
+)
 from vtllm.errors import UnsupportedModel
 from vtllm.models.gguf_file import GGUFFile
-from vtllm.models.gguf_vocab import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED
+from vtllm.models.gguf_vocab import CONTROL, NORMAL
 from vtllm.models.tokenizer import IncrementalDetokenizer, from_gguf
 
-spm = pytest.importorskip("sentencepiece")
-
-_SYLLABLES = "ka to ri mu se na lo pe chi zu wa the ing er an ou ré ü ß 日 本 語 при вет".split()
 CORPUS = [
     "Hello world",
     " leading space",
@@ -57,130 +60,6 @@ SPECIAL_CORPUS = [
 ]
 
 
-def _training_lines(seed=0, n=3000):
-    rng = random.Random(seed)
-    words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(400)]
-    lines = []
-    for _ in range(n):
-        line = " ".join(rng.choice(words) for _ in range(rng.randint(3, 15)))
-        if rng.random() < 0.3:
-            line += f" {rng.randint(0, 99999)}"
-        if rng.random() < 0.2:
-            line = line.capitalize() + "."
-        lines.append(line)
-    return lines
-
-
-def train(kind, *, normalization="identity", dummy_prefix=True, user_symbols=("<tool>",)):
-    """A small SentencePiece model: Llama's settings unless told otherwise."""
-    out = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_training_lines()),
-        model_writer=out,
-        model_type=kind,
-        vocab_size=1000 if kind == "bpe" else 600,
-        hard_vocab_limit=False,
-        byte_fallback=True,
-        normalization_rule_name=normalization,
-        remove_extra_whitespaces=normalization != "identity",
-        add_dummy_prefix=dummy_prefix,
-        split_digits=True,
-        allow_whitespace_only_pieces=True,
-        character_coverage=1.0,
-        user_defined_symbols=list(user_symbols),
-        num_threads=1,
-        minloglevel=2,
-    )
-    return out.getvalue()
-
-
-def _proto_fields(data: bytes):
-    """(field number, value) of a protobuf message: enough to read a model's normalizer."""
-    i = 0
-
-    def varint():
-        nonlocal i
-        value = shift = 0
-        while True:
-            byte = data[i]
-            i += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                return value
-
-    while i < len(data):
-        key = varint()
-        wire = key & 7
-        if wire == 0:
-            value = varint()
-        elif wire == 2:
-            n = varint()
-            value, i = data[i : i + n], i + n
-        else:
-            n = 4 if wire == 5 else 8
-            value, i = data[i : i + n], i + n
-        yield key >> 3, value
-
-
-def precompiled_charsmap(model: bytes) -> bytes:
-    normalizer = next((v for k, v in _proto_fields(model) if k == 3), b"")
-    return next((bytes(v) for k, v in _proto_fields(normalizer) if k == 2), b"")
-
-
-def token_types(sp):
-    """llama.cpp's converter's token type per piece."""
-    types = []
-    for i in range(sp.vocab_size()):
-        if sp.is_unknown(i):
-            types.append(UNKNOWN)
-        elif sp.is_control(i):
-            types.append(CONTROL)
-        elif sp.is_unused(i):
-            types.append(UNUSED)
-        elif sp.is_byte(i):
-            types.append(BYTE)
-        elif sp.id_to_piece(i) == "<tool>":
-            types.append(USER_DEFINED)
-        else:
-            types.append(NORMAL)
-    return types
-
-
-def write_vocab(writer: GGUFWriter, model: bytes, tokenizer_model="llama", **flags):
-    """The tokenizer metadata llama.cpp's converter writes for a SentencePiece model."""
-    sp = spm.SentencePieceProcessor(model_proto=model)
-    writer.add_tokenizer_model(tokenizer_model)
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list([sp.id_to_piece(i) for i in range(sp.vocab_size())])
-    writer.add_token_scores([sp.get_score(i) for i in range(sp.vocab_size())])
-    writer.add_token_types(token_types(sp))
-    writer.add_unk_token_id(sp.unk_id())
-    writer.add_bos_token_id(sp.bos_id())
-    writer.add_eos_token_id(sp.eos_id())
-    writer.add_add_bos_token(flags.get("add_bos", tokenizer_model == "llama"))
-    writer.add_add_eos_token(flags.get("add_eos", tokenizer_model == "t5"))
-    if "add_space_prefix" in flags:
-        writer.add_add_space_prefix(flags["add_space_prefix"])
-    if tokenizer_model == "t5":
-        writer.add_remove_extra_whitespaces(flags.get("remove_extra_whitespaces", True))
-        charsmap = precompiled_charsmap(model)
-        if charsmap:
-            writer.add_precompiled_charsmap(charsmap)
-    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-
-
-def gguf_tokenizer(tmp_path, model: bytes, tokenizer_model="llama", **flags):
-    path = tmp_path / f"vocab-{tokenizer_model}-{len(list(tmp_path.iterdir()))}.gguf"
-    writer = GGUFWriter(str(path), "llama")
-    write_vocab(writer, model, tokenizer_model, **flags)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    writer.close()
-    return from_gguf(GGUFFile(path), path, lambda r, key, default=None: r.fields.get(key, default))
-
-
 @pytest.fixture(scope="module")
 def bpe_model():
     return train("bpe")
@@ -200,51 +79,6 @@ def test_spm_bpe_matches_sentencepiece(tmp_path, bpe_model):
         assert tok.encode(text) == [sp.bos_id(), *ids]
         assert tok.decode(ids) == sp.decode(ids) == text, text
     assert tok.bos_token_id == 1 and tok.eos_token_ids == (2,)
-
-
-def llama_cpp_spm(sp, text: str, *, prefix=True) -> list[int]:
-    """llama.cpp's SPM algorithm: start from characters, merge the adjacent pair whose text is
-    a piece of the best score (the leftmost of equals) until none is; characters outside the
-    vocabulary become their byte pieces."""
-    if not text:
-        return []
-    vocab = {sp.id_to_piece(i): i for i in range(sp.vocab_size())}
-    symbols = list(((" " if prefix else "") + text).replace(" ", "\u2581"))
-    while True:
-        best = None
-        for i in range(len(symbols) - 1):
-            piece = vocab.get(symbols[i] + symbols[i + 1])
-            if piece is not None and (best is None or sp.get_score(piece) > best[0]):
-                best = (sp.get_score(piece), i)
-        if best is None:
-            break
-        i = best[1]
-        symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
-    ids = []
-    for s in symbols:
-        ids += [vocab[s]] if s in vocab else [vocab[f"<0x{b:02X}>"] for b in s.encode()]
-    return ids
-
-
-def split_at_tokens(sp, text, encode):
-    """llama.cpp's rule for text holding special or user-defined tokens: the tokens are cut
-    out, and each run of text between them is encoded alone, with its own space prefix."""
-    pieces = {sp.id_to_piece(i): i for i in range(sp.vocab_size())}
-    kinds = (CONTROL, UNKNOWN, USER_DEFINED)
-    names = [sp.id_to_piece(i) for i, kind in enumerate(token_types(sp)) if kind in kinds]
-    names.sort(key=len, reverse=True)
-    ids, run, i = [], "", 0
-    while i < len(text):
-        hit = next((n for n in names if text.startswith(n, i)), None)
-        if hit is None:
-            run += text[i]
-            i += 1
-            continue
-        if run:
-            ids += encode(run)
-        ids.append(pieces[hit])
-        run, i = "", i + len(hit)
-    return ids + (encode(run) if run else [])
 
 
 def test_spm_special_and_user_defined_tokens_follow_llama_cpp(tmp_path, bpe_model):
@@ -313,7 +147,7 @@ def test_bert_wordpiece_matches_tokenizers(tmp_path):
     from tokenizers import BertWordPieceTokenizer
 
     ref = BertWordPieceTokenizer(lowercase=True)
-    ref.train_from_iterator(_training_lines(1), vocab_size=800, show_progress=False)
+    ref.train_from_iterator(training_lines(1), vocab_size=800, show_progress=False)
     vocab = sorted(ref.get_vocab().items(), key=lambda kv: kv[1])
     # llama.cpp's converter: word-initial pieces get "▁", continuations lose "##"
     phantom = [
@@ -355,3 +189,36 @@ def test_other_tokenizer_models_are_refused_by_name(tmp_path, model):
     writer.close()
     with pytest.raises(UnsupportedModel, match=f"tokenizer model '{model}'"):
         from_gguf(GGUFFile(path), path, lambda r, key, default=None: r.fields.get(key, default))
+
+
+def test_llama_gguf_with_spm_vocabulary_generates(tmp_path, bpe_model):
+    import subprocess
+    import sys
+
+    from vtllm import LLM, SamplingParams
+    from vtllm.scheduler.sampling_params import StructuredOutputs
+
+    sp = spm.SentencePieceProcessor(model_proto=bpe_model)
+    path = write_spm_model(tmp_path, bpe_model)
+    llm = LLM(str(path), max_model_len=64, kv_cache_memory=1 << 20, block_size=4)
+    assert llm.loaded.config.vocab_size == sp.vocab_size()
+    prompt = "Kato rimu sena 🙂"
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    out = llm.generate(prompt, params)[0]
+    assert out.prompt_token_ids == [sp.bos_id(), *sp.encode(prompt)]
+    ids = list(out.outputs[0].token_ids)
+    assert out.outputs[0].text == llm.loaded.tokenizer.decode(ids) == sp.decode(ids) != ""
+    assert llm.generate([out.prompt_token_ids], params)[0].outputs[0].token_ids == ids
+    # the grammar engine reads the same vocabulary (byte pieces spell the emoji)
+    choices = ["kato rimu 🙂", "sena lope"]
+    guided = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputs(choice=choices))
+    assert llm.generate("Kato", guided)[0].outputs[0].text in choices
+    cli = subprocess.run(
+        [sys.executable, "-m", "vtllm", "generate", "--model", str(path), "--prompt", prompt]
+        + ["--max-tokens", "8", "--temperature", "0", "--ignore-eos", "--max-model-len", "64"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.rstrip("\n") == out.outputs[0].text

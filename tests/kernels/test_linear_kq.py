@@ -102,3 +102,10 @@ def test_bad_shapes(rng):
     ]:
         with pytest.raises(ValueError):
             linear(x, ww, QType.Q4_K, out)
+
+
+def test_cache_entries_follow_the_decoders():
+    """The kernels inline kquant's decoders and _kq8simd's unpacking: their cache stamps cover
+    those files, so an edit there recompiles them instead of loading stale machine code."""
+    stamp = str(linear_kq._gemv_q4k._cache._cache_file._source_stamp)
+    assert "kquant.py" in stamp and "_kq8simd.py" in stamp and "_simd.py" in stamp

@@ -9,12 +9,10 @@ loop produces (tests/models/test_fast_numerics.py compares them).
 
 The on-disk cache needs care here: a cached caller embeds its callees' machine code, and numba
 only checks the caller's own file for changes, so an edit to attention.py (for instance) would
-leave a cached layer running the old attention. `_stamp_with` makes the cache entry's stamp
+leave a cached layer running the old attention. `stamp_with` makes the cache entry's stamp
 cover every file whose code ends up inside. Compiling the layer is slow (once per machine
 and change); without the cache every process would pay it.
 """
-
-import os
 
 import numba
 import numpy as np
@@ -33,6 +31,7 @@ from vtllm.kernels.cpu import (
     quant_int8,
     rope,
 )
+from vtllm.kernels.cpu._cache import stamp_with
 from vtllm.kernels.cpu.activation import (
     PARALLEL_MIN,
     _silu_and_mul_kernel,
@@ -173,22 +172,7 @@ def _layer(
     return 0
 
 
-def _stamp_with(dispatcher, modules) -> None:
-    """Makes the dispatcher's cache stamp cover the source files of `modules` besides its own,
-    so that editing any of them recompiles it. Where numba's cache internals differ from the
-    ones this was written against, the cache is turned off instead (correct, only slower)."""
-    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
-    if cache_file is None or not hasattr(cache_file, "_source_stamp"):
-        dispatcher._cache = numba.core.caching.NullCache()
-        return
-    stamps = [cache_file._source_stamp]
-    for module in modules:
-        st = os.stat(module.__file__)
-        stamps.append((os.path.basename(module.__file__), st.st_mtime, st.st_size))
-    cache_file._source_stamp = tuple(stamps)
-
-
-_stamp_with(
+stamp_with(
     _layer,
     (kernels, _int8simd, _simd, activation, attention, linear_int8, norm, quant, quant_int8, rope),
 )

@@ -14,6 +14,8 @@ linear.py so that a model without K-quants never compiles these kernels: linear(
 embedding() import it on the first K-quant weight.
 """
 
+import sys
+
 import numpy as np
 from numba import njit, prange
 from numba.core.types import float32 as f32
@@ -22,6 +24,9 @@ from numba.core.types import int64 as i64
 from numba.core.types import uint8 as u8
 from numba.core.types import void
 
+from vtllm import kernels as kernels_pkg
+from vtllm.kernels.cpu import _int8simd, _kq8simd, _simd, kquant
+from vtllm.kernels.cpu._cache import stamp_with
 from vtllm.kernels.cpu._int8simd import prefetch
 from vtllm.kernels.cpu._simd import carray, hsum, vfma, vload, vstore, vzero
 from vtllm.kernels.cpu.kquant import (
@@ -50,6 +55,12 @@ from vtllm.kernels.cpu.kquant import (
     chunk_q6k,
     chunk_q8k,
     kq_dequant_row,
+    no_prep,
+    prep_q2k,
+    prep_q3k,
+    prep_q4k,
+    prep_q5k,
+    prep_q6k,
 )
 from vtllm.kernels.cpu.linear import MC, MR, NR, PF_BYTES, _micro
 
@@ -72,8 +83,9 @@ def _put(out, bias, m, n, acc):
 
 
 @njit(inline="always")
-def _gemv(x, w, bias, out, chunk, bb, bw):
-    """The GEMV for one type: its decoder `chunk`, bytes `bb` and weights `bw` per block."""
+def _gemv(x, w, bias, out, prep, chunk, bb, bw):
+    """The GEMV for one type: its decoders (`prep` once per block, `chunk` per 16 weights),
+    bytes `bb` and weights `bw` per block."""
     M, K = x.shape
     N = out.shape[1]
     xf = x.reshape(M * K)
@@ -91,12 +103,14 @@ def _gemv(x, w, bias, out, chunk, bb, bw):
             a0 = a1 = a2 = a3 = vzero()
             for s in range(K // bw):
                 o = s * bb
+                p0, p1 = prep(w, r0 + o), prep(w, r1 + o)
+                p2, p3 = prep(w, r2 + o), prep(w, r3 + o)
                 for c in range(bw // 16):
                     xv = vload(xf, xo + s * bw + c * 16)
-                    a0 = vfma(xv, chunk(w, r0 + o, c), a0)
-                    a1 = vfma(xv, chunk(w, r1 + o, c), a1)
-                    a2 = vfma(xv, chunk(w, r2 + o, c), a2)
-                    a3 = vfma(xv, chunk(w, r3 + o, c), a3)
+                    a0 = vfma(xv, chunk(w, r0 + o, c, p0), a0)
+                    a1 = vfma(xv, chunk(w, r1 + o, c, p1), a1)
+                    a2 = vfma(xv, chunk(w, r2 + o, c, p2), a2)
+                    a3 = vfma(xv, chunk(w, r3 + o, c, p3), a3)
             _put(out, bias, m, n0, a0)
             _put(out, bias, m, n0 + 1, a1)
             _put(out, bias, m, n0 + 2, a2)
@@ -104,7 +118,7 @@ def _gemv(x, w, bias, out, chunk, bb, bw):
 
 
 @njit(inline="always")
-def _gemm(x, w, bias, out, tile_rows, chunk, bb, bw):
+def _gemm(x, w, bias, out, tile_rows, prep, chunk, bb, bw):
     M, K = x.shape
     N = out.shape[1]
     xf = x.reshape(M * K)
@@ -118,13 +132,18 @@ def _gemm(x, w, bias, out, tile_rows, chunk, bb, bw):
         for i in range(nc):
             r = (n0 + i) * w.shape[1]
             for s in range(K // bw):
+                p = prep(w, r + s * bb)
                 for c in range(bw // 16):
-                    vstore(tile, i * K + s * bw + c * 16, chunk(w, r + s * bb, c))
+                    vstore(tile, i * K + s * bw + c * 16, chunk(w, r + s * bb, c, p))
         sums = np.empty(MR * NR, np.float32)
         for mb in range(m0, min(M, m0 + MC), MR):
             for nb in range(0, nc, NR):
                 _micro(xf, K, M, mb, tile, nb, nc, n0, bias, out, sums)
 
+
+# what the kernels here inline besides this file: their cache entries carry these files' stamps
+# (the package re-exports the function `linear`, which hides the module of that name)
+_HELPERS = (kernels_pkg, _simd, _int8simd, _kq8simd, kquant, sys.modules[_micro.__module__])
 
 # One pair of kernels per type, no signature in the decorator: `kernels` compiles a type's
 # pair (with the explicit signatures) when a weight of that type first comes.
@@ -133,82 +152,82 @@ _JIT = dict(nogil=True, parallel=True, cache=True)
 
 @njit(**_JIT)
 def _gemv_q4k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q4k, BB_Q4_K, 256)
+    _gemv(x, w, bias, out, prep_q4k, chunk_q4k, BB_Q4_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q4k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q4k, BB_Q4_K, 256)
+    _gemm(x, w, bias, out, tile_rows, prep_q4k, chunk_q4k, BB_Q4_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q5k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q5k, BB_Q5_K, 256)
+    _gemv(x, w, bias, out, prep_q5k, chunk_q5k, BB_Q5_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q5k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q5k, BB_Q5_K, 256)
+    _gemm(x, w, bias, out, tile_rows, prep_q5k, chunk_q5k, BB_Q5_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q6k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q6k, BB_Q6_K, 256)
+    _gemv(x, w, bias, out, prep_q6k, chunk_q6k, BB_Q6_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q6k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q6k, BB_Q6_K, 256)
+    _gemm(x, w, bias, out, tile_rows, prep_q6k, chunk_q6k, BB_Q6_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q3k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q3k, BB_Q3_K, 256)
+    _gemv(x, w, bias, out, prep_q3k, chunk_q3k, BB_Q3_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q3k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q3k, BB_Q3_K, 256)
+    _gemm(x, w, bias, out, tile_rows, prep_q3k, chunk_q3k, BB_Q3_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q2k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q2k, BB_Q2_K, 256)
+    _gemv(x, w, bias, out, prep_q2k, chunk_q2k, BB_Q2_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q2k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q2k, BB_Q2_K, 256)
+    _gemm(x, w, bias, out, tile_rows, prep_q2k, chunk_q2k, BB_Q2_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q8k(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q8k, BB_Q8_K, 256)
+    _gemv(x, w, bias, out, no_prep, chunk_q8k, BB_Q8_K, 256)
 
 
 @njit(**_JIT)
 def _gemm_q8k(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q8k, BB_Q8_K, 256)
+    _gemm(x, w, bias, out, tile_rows, no_prep, chunk_q8k, BB_Q8_K, 256)
 
 
 @njit(**_JIT)
 def _gemv_q5_0(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q5_0, BB_Q5_0, 32)
+    _gemv(x, w, bias, out, no_prep, chunk_q5_0, BB_Q5_0, 32)
 
 
 @njit(**_JIT)
 def _gemm_q5_0(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q5_0, BB_Q5_0, 32)
+    _gemm(x, w, bias, out, tile_rows, no_prep, chunk_q5_0, BB_Q5_0, 32)
 
 
 @njit(**_JIT)
 def _gemv_q5_1(x, w, bias, out):
-    _gemv(x, w, bias, out, chunk_q5_1, BB_Q5_1, 32)
+    _gemv(x, w, bias, out, no_prep, chunk_q5_1, BB_Q5_1, 32)
 
 
 @njit(**_JIT)
 def _gemm_q5_1(x, w, bias, out, tile_rows):
-    _gemm(x, w, bias, out, tile_rows, chunk_q5_1, BB_Q5_1, 32)
+    _gemm(x, w, bias, out, tile_rows, no_prep, chunk_q5_1, BB_Q5_1, 32)
 
 
 _BY_TYPE = {
@@ -221,7 +240,14 @@ _BY_TYPE = {
     Q2_K: (_gemv_q2k, _gemm_q2k),
     Q8_K: (_gemv_q8k, _gemm_q8k),
 }
-_ready: set[int] = set()
+_ready: set = set()
+
+
+def stamp_all(pairs: dict, modules) -> None:
+    """Every kernel of `pairs` recompiles when one of `modules` changes (see _cache)."""
+    for kernels_ in pairs.values():
+        for kernel in kernels_:
+            stamp_with(kernel, modules)
 
 
 def compile_once(pairs: dict, qtype: int, sigs: tuple) -> tuple:
@@ -244,8 +270,8 @@ def kernels(qtype: int) -> tuple:
 _EMBED_SIG = i64(carray(i32, 1, True), carray(u8, 2, True), i64, carray(f32, 2))
 
 
-@njit(_EMBED_SIG, nogil=True, cache=True)
-def embedding_kernel(token_ids, w, qt, out):
+@njit(nogil=True, cache=True)
+def _embedding_kernel(token_ids, w, qt, out):
     """As embedding._embedding_kernel: -1, or the index of the first id outside the table."""
     T, K = out.shape
     for t in range(T):
@@ -255,3 +281,13 @@ def embedding_kernel(token_ids, w, qt, out):
     for t in range(T):
         kq_dequant_row(w, qt, token_ids[t], K, of, t * K)
     return -1
+
+
+_EMBEDDING = {0: (_embedding_kernel,)}
+stamp_all(_BY_TYPE, _HELPERS)
+stamp_all(_EMBEDDING, _HELPERS)
+
+
+def embedding_kernel(token_ids, w, qt, out) -> int:
+    """The embedding of every type here (one kernel, compiled on first use)."""
+    return compile_once(_EMBEDDING, 0, (_EMBED_SIG,))[0](token_ids, w, qt, out)

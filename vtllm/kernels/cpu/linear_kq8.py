@@ -22,6 +22,8 @@ from numba.core.types import int64 as i64
 from numba.core.types import uint8 as u8
 from numba.core.types import void
 
+from vtllm import kernels as kernels_pkg
+from vtllm.kernels.cpu import _int8simd, _simd, kquant, linear_int8, linear_kq
 from vtllm.kernels.cpu import _kq8simd as kq
 from vtllm.kernels.cpu._int8simd import itof, prefetch
 from vtllm.kernels.cpu._simd import (
@@ -48,7 +50,7 @@ from vtllm.kernels.cpu.kquant import (
     Q6_K,
 )
 from vtllm.kernels.cpu.linear_int8 import MC, MR, NR, PF_BYTES, tile_rows_for
-from vtllm.kernels.cpu.linear_kq import compile_once
+from vtllm.kernels.cpu.linear_kq import compile_once, stamp_all
 
 GEMM_MIN_M = 4
 _ARGS = (carray(f32, 2, True), carray(u8, 2, True), carray(f32, 1, True), carray(f32, 2), i64)
@@ -316,6 +318,9 @@ _BY_TYPE = {
     Q3_K: (_gemv_q3k, _gemm_q3k),
     Q2_K: (_gemv_q2k, _gemm_q2k),
 }
+
+
+stamp_all(_BY_TYPE, (kernels_pkg, _simd, _int8simd, kq, kquant, linear_int8, linear_kq))
 
 
 def kernels(qtype: int) -> tuple:

@@ -15,6 +15,8 @@ from numba.core.types import int64 as i64
 from numba.core.types import uint8 as u8
 from numba.core.types import void
 
+from vtllm import kernels as kernels_pkg
+from vtllm.kernels.cpu import _int8simd, _simd, linear_int8, quant_int8
 from vtllm.kernels.cpu._int8simd import prefetch
 from vtllm.kernels.cpu._simd import carray
 from vtllm.kernels.cpu.linear_int8 import (
@@ -30,7 +32,7 @@ from vtllm.kernels.cpu.linear_int8 import (
     _scratch,
     tile_rows_for,
 )
-from vtllm.kernels.cpu.linear_kq import compile_once
+from vtllm.kernels.cpu.linear_kq import compile_once, stamp_all
 from vtllm.kernels.cpu.quant_int8 import quantize_row
 
 _SIG = void(
@@ -103,6 +105,7 @@ def _gemm_q5_1(x, w, bias, out, tile_rows):
 
 
 _BY_TYPE = {Q5_0: (_gemv_q5_0, _gemm_q5_0), Q5_1: (_gemv_q5_1, _gemm_q5_1)}
+stamp_all(_BY_TYPE, (kernels_pkg, _simd, _int8simd, linear_int8, quant_int8))
 
 
 def linear_q5(x, wb, qtype: int, bias, out, threads: int) -> None:

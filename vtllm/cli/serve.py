@@ -7,6 +7,9 @@ that cannot answer yet. A supervisor's readiness probe sees the same.
 
 import gc
 import logging
+import os
+import signal
+import sys
 
 import anyio
 
@@ -16,6 +19,7 @@ log = logging.getLogger("vtllm.server")
 
 
 def run_serve(args) -> int:
+    signal.signal(signal.SIGTERM, _end_the_start)
     from vtllm.cli.warmup import StartupClock
     from vtllm.server.engine import build_state, serve
 
@@ -29,6 +33,19 @@ def run_serve(args) -> int:
         raise
     anyio.run(_warm_then_serve, state, serve, clock)
     return 0
+
+
+def _end_the_start(signum, _frame) -> None:
+    """SIGTERM before serving (load, compile, warm-up) ends the process at once: nothing is in
+    flight, and numba writes its cache files whole (a temporary file, then a rename). Once
+    serving, the server's own handler drains instead. Spelled out because in a container
+    vtllm is PID 1, which the kernel spares from signals it has no handler for: a stop during
+    a start would wait out its timeout and end in SIGKILL. An exit rather than an exception,
+    which could land in a __del__ and be ignored."""
+    log.warning("%s during the start: exiting", signal.Signals(signum).name)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 async def warm_up(state, clock) -> None:

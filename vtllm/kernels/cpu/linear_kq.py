@@ -15,6 +15,7 @@ embedding() import it on the first K-quant weight.
 """
 
 import sys
+import threading
 
 import numpy as np
 from numba import njit, prange
@@ -241,6 +242,7 @@ _BY_TYPE = {
     Q8_K: (_gemv_q8k, _gemm_q8k),
 }
 _ready: set = set()
+_compiling = threading.Lock()
 
 
 def stamp_all(pairs: dict, modules) -> None:
@@ -253,13 +255,15 @@ def stamp_all(pairs: dict, modules) -> None:
 def compile_once(pairs: dict, qtype: int, sigs: tuple) -> tuple:
     """qtype's kernels from `pairs`, compiled (or loaded from numba's cache) with `sigs` on
     the first call and then closed to other signatures, as an explicit signature would."""
-    kernels = pairs[qtype]
+    kernels_ = pairs[qtype]
     if (id(pairs), qtype) not in _ready:
-        for kernel, sig in zip(kernels, sigs, strict=True):
-            kernel.compile(sig)
-            kernel.disable_compile()
-        _ready.add((id(pairs), qtype))
-    return kernels
+        with _compiling:  # a second thread must not compile after the first closed it
+            if (id(pairs), qtype) not in _ready:
+                for kernel, sig in zip(kernels_, sigs, strict=True):
+                    kernel.compile(sig)
+                    kernel.disable_compile()
+                _ready.add((id(pairs), qtype))
+    return kernels_
 
 
 def kernels(qtype: int) -> tuple:

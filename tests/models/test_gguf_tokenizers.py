@@ -222,3 +222,30 @@ def test_llama_gguf_with_spm_vocabulary_generates(tmp_path, bpe_model):
     )
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.rstrip("\n") == out.outputs[0].text
+
+
+def test_gpt2_user_defined_tokens_are_cut_out_of_text(tmp_path):
+    """llama.cpp's converter writes a BPE vocabulary's user-defined tokens as raw text; like
+    llama.cpp (and HF's added tokens) the text is that token wherever it stands."""
+    from tokenizers import pre_tokenizers
+
+    from vtllm.models.gguf_vocab import USER_DEFINED
+
+    tokens = ["<|endoftext|>", *sorted(pre_tokenizers.ByteLevel.alphabet()), "\n\n  ü", "Ġb"]
+    types = [CONTROL, *[NORMAL] * 256, USER_DEFINED, NORMAL]
+    path = tmp_path / "bpe.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(["Ġ b"])
+    writer.add_eos_token_id(0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    tok = from_gguf(GGUFFile(path), path, lambda r, key, default=None: r.fields.get(key, default))
+    ids = tok.encode("a\n\n  ü b<|endoftext|>")
+    assert ids == [tokens.index("a"), 257, 258, 0]
+    assert tok.decode(ids) == "a\n\n  ü b" and tok.special_ids == {0}

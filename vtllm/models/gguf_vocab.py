@@ -70,14 +70,14 @@ def build(meta, path) -> Vocab:
     return builders[model](meta, path, tokens, types)
 
 
-def _add_token_types(backend: Backend, tokens, types, *, plain=(USER_DEFINED,)) -> None:
-    """Control and unknown tokens as special added tokens, `plain` types as plain ones, in id
-    order (the order `tokenizers` matches them in when one is a prefix of another)."""
+def _add_token_types(backend: Backend, tokens, types) -> None:
+    """Control and unknown tokens as special added tokens, user-defined ones as plain ones, in
+    id order."""
     added = []
     for token, kind in zip(tokens, types, strict=True):
         if kind in (CONTROL, UNKNOWN):
             added.append(AddedToken(token, special=True, normalized=False))
-        elif kind in plain:
+        elif kind == USER_DEFINED:
             added.append(AddedToken(token, special=False, normalized=False))
     if added:
         backend.add_tokens(added)
@@ -126,8 +126,8 @@ def _gpt2(meta, path, tokens, types) -> Vocab:
     backend = Backend(models.BPE(vocab=vocab, merges=merges))
     backend.pre_tokenizer = pre_tokenizer
     backend.decoder = decoders.ByteLevel()
-    # byte-level text of a user-defined token would not match raw text: control tokens only
-    _add_token_types(backend, tokens, [t if t != UNKNOWN else NORMAL for t in types], plain=())
+    # llama.cpp's converter stores user-defined tokens as raw text (not byte-level)
+    _add_token_types(backend, tokens, types)
     return _vocab(backend, meta, add_bos=False, add_eos=False, keeps_length=True)
 
 

@@ -153,11 +153,16 @@ def _space_decoder(prefix: bool):
     return decoders.Sequence(steps)
 
 
-def _unk_token(tokens, types, meta) -> str | None:
+def _unk_id(types, meta) -> int | None:
     unk = meta("tokenizer.ggml.unknown_token_id", None)
     if unk is None:
         unk = next((i for i, kind in enumerate(types) if kind == UNKNOWN), None)
-    return None if unk is None or not 0 <= int(unk) < len(tokens) else tokens[int(unk)]
+    return None if unk is None or not 0 <= int(unk) < len(types) else int(unk)
+
+
+def _unk_token(tokens, types, meta) -> str | None:
+    unk = _unk_id(types, meta)
+    return None if unk is None else tokens[unk]
 
 
 def _spm(meta, path, tokens, types) -> Vocab:
@@ -184,10 +189,9 @@ def _unigram(meta, path, tokens, types) -> Vocab:
     scores = meta("tokenizer.ggml.scores", None)
     if scores is None or len(scores) != len(tokens):
         raise ModelLoadError(f"{path}: a unigram (t5) vocabulary needs tokenizer.ggml.scores")
-    unk = _unk_token(tokens, types, meta)
     unigram = models.Unigram(
         [(t, float(s)) for t, s in zip(tokens, scores, strict=True)],
-        unk_id=None if unk is None else tokens.index(unk),
+        unk_id=_unk_id(types, meta),
         byte_fallback=BYTE in types,
     )
     backend = Backend(unigram)

@@ -9,10 +9,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ANY = None  # an entry point: may import anything of ours
 
-SCHEDULER_TYPES = {  # what crosses the scheduler's seam; its state (request, block pool) does not
-    "vtllm.scheduler.sampling_params",  # SamplingParams, the public API's type
-    "vtllm.scheduler.output",  # Delta and the finish reasons
-    "vtllm.scheduler.plan",  # StepPlan / StepResult / TokenLogprobs Structs
+# What the server may see of the engine and the scheduler: it submits prompts and reads deltas
+# through the seam, and never builds a scheduler Request nor touches the step loop's parts.
+ENGINE_SEAM = {
+    "vtllm.engine.engine",  # Engine (submit, abort, run, stop), Stream, Choice
+    "vtllm.engine.watchdog",  # the process's guard against a hung step, started by serve()
+}
+PUBLIC_SCHEDULER_TYPES = {
+    "vtllm.scheduler.sampling_params",  # SamplingParams: what a request asks for
+    "vtllm.scheduler.output",  # Delta, the one output type, and its finish reasons
 }
 LEAVES = {"vtllm.errors"}  # typed user errors, raised wherever input is checked (not in kernels)
 
@@ -21,16 +26,24 @@ LEAVES = {"vtllm.errors"}  # typed user errors, raised wherever input is checked
 MAY_IMPORT = {
     "vtllm.__main__": ANY,  # `python -m vtllm`
     "vtllm.cli": ANY,  # serve / generate / bench / synth / config commands
-    "vtllm.llm": ANY,  # the offline LLM API: composes the engine's parts as the server does
+    "vtllm.llm": {  # the offline LLM API: drives the engine through the server's seam
+        *LEAVES,
+        *ENGINE_SEAM,
+        *PUBLIC_SCHEDULER_TYPES,
+        "vtllm.config",
+        "vtllm.outputs",
+        "vtllm.models.loader",  # LoadedModel: weights already in memory may be handed over
+        "vtllm.models.chat_template",
+    },
     "vtllm": {"vtllm.scheduler.sampling_params", "vtllm.llm"},  # the root re-exports the API
     "vtllm.outputs": {"vtllm.scheduler.plan"},  # LLM's results, built of plan's TokenLogprobs
     "vtllm.config": {"vtllm.errors"},  # leaves: each other only
     "vtllm.errors": {"vtllm.config"},
     "vtllm.server": {
         *LEAVES,
-        *SCHEDULER_TYPES,
+        *ENGINE_SEAM,
+        *PUBLIC_SCHEDULER_TYPES,
         "vtllm.config",
-        "vtllm.engine",
         "vtllm.models.tokenizer",  # of models, the tokenizer and chat templates only
         "vtllm.models.chat_template",
         "vtllm.__version__",  # /v1/models and /openapi.json report it
@@ -179,6 +192,8 @@ def test_forbidden_directions_are_reported():
         "vtllm/server/y.py": "from vtllm.kernels import cpu",
         "vtllm/server/z.py": "from vtllm.scheduler.block_pool import BlockPool",
         "vtllm/server/w.py": "from vtllm.scheduler.request import Request",  # unless listed
+        "vtllm/server/v.py": "from vtllm.engine.loop import StepLoop",  # past the seam
+        "vtllm/server/u.py": "from vtllm.scheduler.plan import TokenLogprobs",
         "vtllm/engine/x.py": "from vtllm.server import app",
         "vtllm/executor/x.py": "from vtllm.engine.loop import StepLoop",
         "vtllm/models/x.py": "from vtllm.scheduler.plan import StepPlan",
@@ -190,6 +205,8 @@ def test_forbidden_directions_are_reported():
     }
     bad, _ = import_violations(list(cases.items()))
     assert [b.split(":")[0] for b in bad] == list(cases)
+    seam = "from vtllm.engine.engine import Engine\nfrom vtllm.scheduler.output import STOP\n"
+    assert import_violations([("vtllm/server/s.py", seam), ("vtllm/llm.py", seam)])[0] == []
     listed = {"vtllm.server.w -> vtllm.scheduler.request.Request"}
     bad, seen = import_violations([("vtllm/server/w.py", cases["vtllm/server/w.py"])], listed)
     assert bad == [] and seen == listed

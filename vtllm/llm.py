@@ -3,8 +3,7 @@
 import anyio
 
 from vtllm.config import resolve
-from vtllm.engine.build import build_parts
-from vtllm.engine.loop import StepLoop, Update
+from vtllm.engine.engine import Engine, Stream
 from vtllm.errors import InvalidParameter, VtllmError
 from vtllm.models.chat_template import render_chat
 from vtllm.models.loader import LoadedModel
@@ -35,18 +34,11 @@ class LLM:
             cpu_numerics=numerics if numerics is not None else knobs.pop("cpu_numerics", None),
             **knobs,
         )
-        parts = build_parts(self.config, loaded_model)
-        self.loaded, self.scheduler, self.backend, self.max_model_len = parts
-        self.tokenizer = self.loaded.tokenizer
+        self.engine = engine = Engine.build(self.config, loaded_model)
+        self.loaded, self.scheduler, self.backend = engine.loaded, engine.scheduler, engine.backend
+        self.max_model_len, self.tokenizer = engine.max_model_len, engine.tokenizer
         self.threads = self.backend.threads
-        self.loop = StepLoop(
-            self.scheduler,
-            self.backend,
-            self.tokenizer,
-            async_depth=self.config.async_depth,
-            shadow_rate=self.config.shadow_check_rate,
-            vocab_size=self.loaded.config.vocab_size,
-        )
+        self.loop = engine.loop  # tests and benchmarks read its counters
 
     def close(self) -> None:
         """Releases the backend (its worker thread; on a GPU, the graphs)."""
@@ -82,7 +74,7 @@ class LLM:
 
     # -- generation --------------------------------------------------------------------------
     def generate(self, prompts, sampling_params=None, *, on_update=None):
-        """Runs every prompt to completion; `on_update(index, Update)` sees outputs stream in.
+        """Runs every prompt to completion; `on_update(index, Delta)` sees outputs stream in.
         `sampling_params`: one SamplingParams for every prompt, or a list of one per prompt
         (vLLM's form)."""
         single = isinstance(prompts, str) or (
@@ -114,70 +106,57 @@ class LLM:
         return self.generate(texts, sampling_params, **kw)
 
     async def _generate_all(self, encoded, per_prompt: list[SamplingParams], on_update):
-        outputs: list[RequestOutput | None] = [None] * len(encoded)
+        """Every prompt through the engine's seam, one Stream each: all queued or none."""
         error = None
         async with anyio.create_task_group() as tg:
-            await tg.start(self.loop.run)
-            added = []
+            await tg.start(self.engine.run)
+            streams: list[Stream] = []
             try:
-                for i, (text, ids) in enumerate(encoded):
-                    added.append((i, text, ids, self._add(ids, per_prompt[i])))
-            except VtllmError as exc:  # all or nothing: take back what was queued
+                for (_, ids), params in zip(encoded, per_prompt, strict=True):
+                    streams.append(self.engine.submit([ids], params))
+            except VtllmError as exc:  # take back what was queued
                 error = exc
-                for *_, collectors in added:
-                    for request_id, _ in collectors:
-                        self.loop.abort(request_id)
-                added = []
-            async with anyio.create_task_group() as requests:
-                for i, text, ids, collectors in added:
-                    requests.start_soon(self._collect, i, text, ids, collectors, outputs, on_update)
-            self.loop.stop()
-        self.loop.stopping = False
+                for stream in streams:
+                    stream.abort()
+                streams = []
+            async with anyio.create_task_group() as readers:
+                for index, stream in enumerate(streams):
+                    readers.start_soon(self._read, index, stream, on_update)
+            self.engine.stop()
         if error is not None:
             raise error
-        return outputs
+        return [
+            _request_output(stream, text, ids)
+            for stream, (text, ids) in zip(streams, encoded, strict=True)
+        ]
 
-    def _add(self, ids: list[int], params: SamplingParams):
-        collectors = []
-        try:
-            for child in range(params.n):
-                seed = None if params.seed is None else params.seed + child
-                request_id = self.loop.new_request_id()
-                collectors.append((request_id, self.loop.add(request_id, ids, params, seed=seed)))
-        except VtllmError:
-            for request_id, _ in collectors:
-                self.loop.abort(request_id)
-            raise
-        return collectors
+    @staticmethod
+    async def _read(index: int, stream: Stream, on_update) -> None:
+        async for _choice, delta in stream:
+            if on_update is not None:
+                on_update(index, delta)
 
-    async def _collect(self, index, text, ids, collectors, outputs, on_update):
-        completions = []
-        request_id, cached = collectors[0][0], 0
-        for child, (_, collector) in enumerate(collectors):
-            total = Update()
-            while not total.finished:
-                update = await collector.get()
-                if on_update is not None:
-                    on_update(index, update)
-                total.merge(update)
-            cached = max(cached, total.num_cached_tokens)
-            completions.append(
-                CompletionOutput(
-                    index=child,
-                    text=total.text,
-                    token_ids=total.token_ids,
-                    finish_reason=total.finish_reason,
-                    stop_reason=total.stop_reason,
-                    logprobs=total.logprobs or None,
-                )
-            )
-        outputs[index] = RequestOutput(
-            request_id=request_id,
-            prompt=text,
-            prompt_token_ids=ids,
-            outputs=completions,
-            finished=True,
-            num_cached_tokens=cached,
-            # vLLM's shape: the first prompt token has no logprob
-            prompt_logprobs=[None, *total.prompt_logprobs] if total.prompt_logprobs else None,
+
+def _request_output(stream: Stream, text: str | None, ids: list[int]) -> RequestOutput:
+    completions = [
+        CompletionOutput(
+            index=c.index,
+            text=c.total.text,
+            token_ids=c.total.token_ids,
+            finish_reason=c.total.finish_reason,
+            stop_reason=c.total.stop_reason,
+            logprobs=c.total.logprobs or None,
         )
+        for c in stream.choices
+    ]
+    last = stream.choices[-1].total  # prompt logprobs: each choice computed the same ones
+    return RequestOutput(
+        request_id=stream.id,
+        prompt=text,
+        prompt_token_ids=ids,
+        outputs=completions,
+        finished=True,
+        num_cached_tokens=max(c.total.num_cached_tokens for c in stream.choices),
+        # vLLM's shape: the first prompt token has no logprob
+        prompt_logprobs=[None, *last.prompt_logprobs] if last.prompt_logprobs else None,
+    )

@@ -183,7 +183,7 @@ def run(
             seen.add(d.request_id)
             o = outcomes[d.request_id]
             assert not o.finished, f"{d.request_id}: output after it finished"
-            o.token_ids += d.new_token_ids
+            o.token_ids += d.token_ids
             assert d.num_output_tokens == len(o.token_ids)
             o.logprobs += d.logprobs or []
             o.prompt_logprobs += d.prompt_logprobs or []
@@ -196,7 +196,7 @@ def run(
                 consume_one(scheduler.abort_request(d.request_id))
 
     def consume_one(delta):
-        assert delta is not None and delta.finished and not delta.new_token_ids
+        assert delta is not None and delta.finished and not delta.token_ids
         o = outcomes[delta.request_id]
         o.finished, o.finish_reason, o.stop_reason = True, delta.finish_reason, delta.stop_reason
 

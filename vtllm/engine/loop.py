@@ -1,14 +1,15 @@
-"""The step loop: plan N+1, launch, collect N, update, deliver to per-request collectors.
+"""The step loop: plan N+1, launch, collect N, update, deliver to per-request mailboxes.
 
-The loop never awaits a client: it hands each request's output to a Collector, which merges
-updates while its reader lags (one pending slot, never an unbounded queue). Scheduler calls
-run only on the event-loop thread, so no locks. Hot path: keep it lean, put features in helpers.
+The loop never awaits a client: it adds the text to each request's Delta and leaves it in a
+Mailbox, which merges deltas while its reader lags (one pending slot, never an unbounded
+queue). Scheduler calls run only on the event-loop thread, so no locks. Hot path: keep it
+lean, put features in helpers.
 """
 
 import itertools
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from time import perf_counter
 
 import anyio
@@ -19,7 +20,6 @@ from vtllm.engine.structured import Constraints
 from vtllm.engine.text import TextStream
 from vtllm.errors import VtllmError
 from vtllm.scheduler.output import ERROR, STOP, Delta
-from vtllm.scheduler.plan import TokenLogprobs
 from vtllm.scheduler.request import Request
 from vtllm.scheduler.sampling_params import SamplingParams
 
@@ -32,65 +32,37 @@ class EngineDeadError(VtllmError):
     code = "engine_dead"
 
 
-@dataclass(slots=True)
-class Update:
-    """What a reader receives: everything new since its last read."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
-    finished: bool = False
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_output_tokens: int = 0
-
-    def merge(self, later: "Update") -> None:
-        self.text += later.text
-        self.token_ids += later.token_ids
-        self.logprobs += later.logprobs
-        self.prompt_logprobs += later.prompt_logprobs
-        self.finished = later.finished
-        self.finish_reason = later.finish_reason
-        self.stop_reason = later.stop_reason
-        self.num_prompt_tokens = later.num_prompt_tokens or self.num_prompt_tokens
-        self.num_cached_tokens = later.num_cached_tokens or self.num_cached_tokens
-        self.num_output_tokens = later.num_output_tokens
-
-
 class Mailbox:
-    """Where the loop leaves updates for one reader: one merging slot per key (a request,
+    """Where the loop leaves deltas for one reader: one merging slot per key (a request,
     or each choice of a request), one wake-up for all of them. Never an unbounded queue."""
 
     def __init__(self):
-        self._pending: dict[object, Update] = {}
+        self._pending: dict[object, Delta] = {}
         self._ready = anyio.Event()
 
-    def put(self, key, update: Update) -> None:
+    def put(self, key, delta: Delta) -> None:
         pending = self._pending.get(key)
         if pending is None:
-            self._pending[key] = update
+            self._pending[key] = delta
         else:
-            pending.merge(update)
+            pending.merge(delta)
         self._ready.set()
 
     def poke(self) -> None:
         """Wakes the reader with nothing: its get_all returns an empty dict."""
         self._ready.set()
 
-    async def get_all(self) -> dict[object, Update]:
+    async def get_all(self) -> dict[object, Delta]:
         await self._ready.wait()
-        updates, self._pending = self._pending, {}
+        deltas, self._pending = self._pending, {}
         self._ready = anyio.Event()
-        return updates
+        return deltas
 
 
 class Collector(Mailbox):
     """A mailbox for a single request."""
 
-    async def get(self) -> Update:
+    async def get(self) -> Delta:
         return (await self.get_all())[None]
 
 
@@ -141,7 +113,7 @@ class StepLoop:
         self._idle_since: float | None = None
         self.shadow = ShadowCheck(backend, shadow_rate)
         # on_added(tracked), on_scheduled(tracked, now), on_tokens(tracked, n, now),
-        # on_finish(tracked, update, now)
+        # on_finish(tracked, delta, now)
         self.observer = observer
         self.num_added = 0  # each ends once: num_added == num_finished + len(tracked)
         self._queued: dict[str, Tracked] = {}  # never scheduled yet (for the queue-time metric)
@@ -169,7 +141,7 @@ class StepLoop:
         mailbox: Mailbox | None = None,
         key=None,
     ) -> Mailbox:
-        """Queue a request; raises a user error (nothing kept) if it can never run. Its updates
+        """Queue a request; raises a user error (nothing kept) if it can never run. Its deltas
         go to `mailbox` under `key` (a new Collector by default). The scheduler's Request is
         built here: callers hand over its fields, never its state."""
         if self.dead is not None:
@@ -330,7 +302,7 @@ class StepLoop:
             tracked = self.tracked.get(delta.request_id)
             if tracked is None:
                 continue
-            ids = delta.new_token_ids
+            ids = delta.token_ids
             # A stop or eos token counts as output but is not rendered as text.
             visible = (
                 ids[:-1]
@@ -340,26 +312,14 @@ class StepLoop:
                 and ids[-1] in tracked.request.stop_ids
                 else ids
             )
-            text = tracked.text.push(visible, final=delta.finished)
-            update = Update(
-                text=text,
-                token_ids=list(ids),
-                logprobs=list(delta.logprobs or ()),
-                prompt_logprobs=list(delta.prompt_logprobs or ()),
-                finished=delta.finished,
-                finish_reason=delta.finish_reason,
-                stop_reason=delta.stop_reason,
-                num_prompt_tokens=delta.num_prompt_tokens,
-                num_cached_tokens=delta.num_cached_tokens,
-                num_output_tokens=delta.num_output_tokens,
-            )
+            delta.text = tracked.text.push(visible, final=delta.finished)
             stop = tracked.text.stopped_by
             if stop is not None and not delta.finished:
                 final = self.scheduler.finish_request(delta.request_id, STOP, stop)
-                update.finished, update.finish_reason, update.stop_reason = True, STOP, stop
+                delta.finished, delta.finish_reason, delta.stop_reason = True, STOP, stop
                 if final is not None:
-                    update.num_output_tokens = final.num_output_tokens
-                    update.text += tracked.text.push([], final=True)
+                    delta.num_output_tokens = final.num_output_tokens
+                    delta.text += tracked.text.push([], final=True)
             if ids and tracked.first_token_at == 0.0:
                 tracked.first_token_at = perf_counter()
             if self.observer is not None:
@@ -367,10 +327,10 @@ class StepLoop:
                 if ids:
                     self.observer.on_tokens(tracked, len(ids), now)
                     tracked.last_token_at = now
-                if update.finished:
-                    self.observer.on_finish(tracked, update, now)
-            if update.finished:
+                if delta.finished:
+                    self.observer.on_finish(tracked, delta, now)
+            if delta.finished:
                 del self.tracked[delta.request_id]
                 self._queued.pop(delta.request_id, None)
                 self.num_finished += 1
-            tracked.mailbox.put(tracked.key, update)
+            tracked.mailbox.put(tracked.key, delta)

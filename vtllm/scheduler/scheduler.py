@@ -393,16 +393,16 @@ class Scheduler:
 
 def _delta(req: Request, new_token_ids: list[int], logprobs=None, prompt_logprobs=None) -> Delta:
     return Delta(
-        req.request_id,
-        new_token_ids,
-        req.status == FINISHED,
-        req.finish_reason,
-        req.stop_reason,
-        logprobs,
-        prompt_logprobs,
-        len(req.prompt_token_ids),
-        req.num_cached_tokens,
-        len(req.output_token_ids),
+        request_id=req.request_id,
+        token_ids=new_token_ids,
+        finished=req.status == FINISHED,
+        finish_reason=req.finish_reason,
+        stop_reason=req.stop_reason,
+        logprobs=logprobs or [],
+        prompt_logprobs=prompt_logprobs or [],
+        num_prompt_tokens=len(req.prompt_token_ids),
+        num_cached_tokens=req.num_cached_tokens,
+        num_output_tokens=len(req.output_token_ids),
     )
 
 

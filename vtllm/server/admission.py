@@ -33,13 +33,13 @@ def admit(state) -> None:
     """Raise 503 while not serving, 429 when the queue is full."""
     if state.status != "ok":
         raise HttpError(503, f"the server is {state.status}", type_="service_unavailable")
-    scheduler = state.loop.scheduler
-    if scheduler.num_waiting >= state.config.max_queued_requests:
-        raise _queue_full(state, "requests", scheduler.num_waiting)
+    num_waiting = state.engine.num_waiting
+    if num_waiting >= state.config.max_queued_requests:
+        raise _queue_full(state, "requests", num_waiting)
 
 
 def _queue_full(state, what: str, num_waiting: int) -> HttpError:
-    seconds = state.drain.retry_after(state.loop.num_finished, num_waiting)
+    seconds = state.drain.retry_after(state.engine.num_finished, num_waiting)
     return HttpError(
         429,
         f"too many {what} are waiting; retry later",
@@ -55,12 +55,12 @@ def admit_prompt_tokens(state, num_tokens: int) -> None:
     256 context-length prompts wait. Checked once the prompt is tokenized (its length is not
     known before); a request that finds the queue empty always queues, so one longer than
     the cap can still be served. O(waiting), bounded by VT_MAX_QUEUED_REQUESTS."""
-    waiting = state.loop.scheduler.waiting
-    if not waiting:
+    engine = state.engine
+    if not engine.num_waiting:
         return
-    queued = sum(r.num_prompt_tokens for r in waiting)
+    queued = engine.num_waiting_prompt_tokens()
     if queued + num_tokens > state.config.max_queued_prompt_tokens:
-        raise _queue_full(state, "prompt tokens", len(waiting))
+        raise _queue_full(state, "prompt tokens", engine.num_waiting)
 
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})

@@ -9,7 +9,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from vtllm.config import EngineConfig
-from vtllm.engine.loop import StepLoop
+from vtllm.engine.engine import Engine
 from vtllm.server import routes
 from vtllm.server.admission import (
     ApiKeyMiddleware,
@@ -25,7 +25,7 @@ from vtllm.server.openapi import openapi
 
 @dataclass(slots=True)
 class ServerState:
-    loop: StepLoop
+    engine: Engine
     tokenizer: object
     model_name: str
     vocab_size: int
@@ -37,6 +37,11 @@ class ServerState:
     drain: DrainRate = field(default_factory=DrainRate)
     faults: tuple | None = None  # (FaultyBackend, BlockHog) with VT_DEBUG_FAULTS
     frame_fault: object | None = None  # sse.FrameFault with VT_DEBUG_FAULTS
+
+    @property
+    def loop(self):
+        """The engine's step loop, which the warm-up (cli/serve.py) drives before serving."""
+        return self.engine.loop
 
 
 async def _internal_error(_request, _exc):

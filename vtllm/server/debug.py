@@ -51,5 +51,5 @@ async def fault(request: Request) -> Response:
             "kind: raise | hang | block_loop | exhaust | frame_raise | release",
             "invalid_request_error",
         )
-    free = state.loop.scheduler.pool.num_free_blocks
+    free = state.engine.scheduler.pool.num_free_blocks
     return JSONResponse({"kind": req.kind, "held_blocks": len(hog.held), "free_blocks": free})

@@ -6,10 +6,11 @@ within its graceful timeout; then the step loop drains and exits.
 A dead engine (a step raised, or the watchdog saw no step finish in time) fails its requests,
 turns /health to 503, lets the writers send their error frames, and exits with status 3.
 
-Intake: handlers call StepLoop.add/abort directly instead of going through an inbox task.
-They run on the event-loop thread and the scheduler's methods are synchronous, so each call is
-atomic with respect to the step loop, exactly as a message handled by an inbox task would be;
-the inbox's bound is admit()'s check of the waiting queue (429) before any tokenizing.
+Intake: handlers call Engine.submit/abort (vtllm/engine/engine.py) directly instead of going
+through an inbox task. They run on the event-loop thread and the scheduler's methods are
+synchronous, so each call is atomic with respect to the step loop, exactly as a message handled
+by an inbox task would be; the inbox's bound is admit()'s check of the waiting queue (429)
+before any tokenizing.
 """
 
 import asyncio
@@ -25,9 +26,7 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config as HypercornConfig
 
 from vtllm.config import EngineConfig
-from vtllm.engine.build import build_parts
-from vtllm.engine.faults import BlockHog, FaultyBackend
-from vtllm.engine.loop import StepLoop
+from vtllm.engine.engine import Engine
 from vtllm.engine.watchdog import EXIT_ENGINE_DEAD, Watchdog
 from vtllm.server.app import ServerState, build_app
 from vtllm.server.metrics import MetricsObserver
@@ -73,34 +72,22 @@ def _quiet_timed_out_connections(loop, context) -> None:
 
 
 def build_state(config: EngineConfig, *, phases: dict | None = None) -> ServerState:
-    loaded, scheduler, backend, max_model_len = build_parts(config, phases=phases)
+    engine = Engine.build(config, phases=phases)
+    loaded = engine.loaded
     model_names = config.served_model_names or (loaded.name,)
     model_name = model_names[0]  # what responses, logs and metrics say when asked for none
     _ = loaded.tokenizer.max_token_bytes  # computed once now (tens of ms), not on a request
-    faults = None
-    if config.debug_faults:
-        log.warning("fault injection is on (VT_DEBUG_FAULTS): POST /debug/fault")
-        backend = FaultyBackend(backend)
-        faults = (backend, BlockHog(scheduler.pool))
-    loop = StepLoop(
-        scheduler,
-        backend,
-        loaded.tokenizer,
-        async_depth=config.async_depth,
-        shadow_rate=config.shadow_check_rate,
-        observer=MetricsObserver(model_name, max_model_len),
-        vocab_size=loaded.config.vocab_size,
-    )
+    engine.observer = MetricsObserver(model_name, engine.max_model_len)
     return ServerState(
-        loop=loop,
+        engine=engine,
         tokenizer=loaded.tokenizer,
         model_name=model_name,
         model_names=model_names,
-        vocab_size=loaded.config.vocab_size,
-        max_model_len=max_model_len,
+        vocab_size=engine.vocab_size,
+        max_model_len=engine.max_model_len,
         config=config,
-        faults=faults,
-        frame_fault=FrameFault() if faults is not None else None,
+        faults=engine.faults,
+        frame_fault=FrameFault() if engine.faults is not None else None,
     )
 
 
@@ -128,7 +115,7 @@ async def serve(state: ServerState, *, ready=None) -> None:
     asyncio.get_running_loop().set_exception_handler(_quiet_timed_out_connections)
     stop = anyio.Event()
     app = build_app(state)
-    loop = state.loop
+    engine = state.engine
     died = anyio.Event()
 
     def on_dead(reason: str) -> None:
@@ -136,7 +123,7 @@ async def serve(state: ServerState, *, ready=None) -> None:
         log.error("engine dead: %s", reason)
         died.set()
 
-    loop.on_dead = on_dead
+    engine.on_dead = on_dead
 
     async def stop_when_dead():
         await died.wait()
@@ -146,9 +133,9 @@ async def serve(state: ServerState, *, ready=None) -> None:
     watchdog = None
     if config.engine_iteration_timeout_s > 0:
         watchdog = Watchdog(
-            loop,
+            engine.loop,
             config.engine_iteration_timeout_s,
-            loop.die,
+            engine.die,
             call_soon_threadsafe=asyncio.get_running_loop().call_soon_threadsafe,
             grace=max(2.0, config.engine_iteration_timeout_s),
         )
@@ -165,18 +152,17 @@ async def serve(state: ServerState, *, ready=None) -> None:
                 http.start_soon(drain_then_stop)
 
     async def drain_then_stop():
-        loop = state.loop
         with anyio.move_on_after(config.drain_timeout_s):
-            while loop.tracked:
+            while engine.num_unfinished:
                 await anyio.sleep(0.05)
-        if loop.tracked:  # leftovers end with an error frame, then [DONE]
-            log.warning("drain deadline: failing %d requests", len(loop.tracked))
-            loop.fail_all("the server is shutting down")
+        if engine.num_unfinished:  # leftovers end with an error frame, then [DONE]
+            log.warning("drain deadline: failing %d requests", engine.num_unfinished)
+            engine.fail_all("the server is shutting down")
             await anyio.sleep(0.5)  # let the writers flush their last frames
         stop.set()
 
     async with anyio.create_task_group() as tg:
-        await tg.start(state.loop.run)
+        await tg.start(engine.run)
         async with anyio.create_task_group() as http:
             http.start_soon(watch_signals)
             http.start_soon(stop_when_dead)
@@ -197,14 +183,15 @@ async def serve(state: ServerState, *, ready=None) -> None:
             http.start_soon(run_http)
             await served.wait()
             http.cancel_scope.cancel()
-        if loop.dead is not None:
+        if engine.dead is not None:
             tg.cancel_scope.cancel()  # the step loop may sit on a hung step: abandon it
         else:
-            loop.stop()  # returns once the requests still in the engine are done
+            engine.stop()  # run returns once the requests still in the engine are done
     if watchdog is not None:
         watchdog.stop()
-    if loop.dead is not None:
+    if engine.dead is not None:
         # What the invariants need, in one line: nothing held, every request ended once.
+        loop = engine.loop
         log.error(
             "engine dead (%s): accepted %d, ended %d, tracked %d, KV blocks in use %d",
             loop.dead,

@@ -172,12 +172,12 @@ class MetricsObserver:
             for _ in range(n):
                 self.itl.observe(gap)
 
-    def on_finish(self, tracked, update, now: float) -> None:
-        self.vllm.on_finish(tracked, update, now)
+    def on_finish(self, tracked, delta, now: float) -> None:
+        self.vllm.on_finish(tracked, delta, now)
         self.e2e.observe(now - tracked.added_at)
         if tracked.first_token_at:
             self.decode_time.observe(now - tracked.first_token_at)
-        if update.finish_reason == ABORT:
+        if delta.finish_reason == ABORT:
             if not tracked.scheduled_at:
                 phase = "queued"
             elif not tracked.first_token_at:
@@ -188,10 +188,10 @@ class MetricsObserver:
             if tracked.disconnected_at:
                 self.disconnect_to_abort.observe(now - tracked.disconnected_at)
         self.prompt_tokens.inc(len(tracked.request.prompt_token_ids))
-        self.success.labels(**self.labels, finished_reason=update.finish_reason).inc()
+        self.success.labels(**self.labels, finished_reason=delta.finish_reason).inc()
 
     def scrape(self, state) -> bytes:
-        scheduler = state.loop.scheduler
+        scheduler = state.engine.scheduler
         pool = scheduler.pool
         self.running.set(scheduler.num_running)
         self.waiting.set(scheduler.num_waiting)
@@ -200,7 +200,7 @@ class MetricsObserver:
         usage = scheduler.num_used_blocks / max(pool.num_usable_blocks, 1)
         self.kv_usage.set(usage)
         self.vllm.scrape(state, usage)
-        self.tracked.set(len(state.loop.tracked))
+        self.tracked.set(state.engine.num_unfinished)
         self.tasks.set(len(asyncio.all_tasks()))
         self.state = state
         return generate_latest(self.registry)
@@ -216,18 +216,18 @@ class _SchedulerCounters:
         state = self.observer.state
         if state is None:
             return
-        scheduler, now = state.loop.scheduler, perf_counter()
-        host, wait, idle = state.loop.time_split(now)
+        scheduler, now = state.engine.scheduler, perf_counter()
+        host, wait, idle = state.engine.loop.time_split(now)
         values = {
             "vt:num_preemptions": ("preemptions", scheduler.num_preemptions),
             "vt:prefix_cache_queries": ("prompt tokens looked up", scheduler.pool.num_query_tokens),
             "vt:prefix_cache_hits": ("prompt tokens found cached", scheduler.pool.num_hit_tokens),
-            "vt:num_steps": ("engine steps launched", state.loop.num_steps),
+            "vt:num_steps": ("engine steps launched", state.engine.loop.num_steps),
             # the step loop's clock and its parts, read together (a client's clock around
             # the scrape would add the scrape's own latency to the split)
             "vt:engine_seconds": (
                 "seconds since the step loop was made",
-                now - state.loop.created_at,
+                now - state.engine.loop.created_at,
             ),
             "vt:engine_host_seconds": (
                 "seconds the step loop spent scheduling and delivering tokens",
@@ -245,11 +245,11 @@ class _SchedulerCounters:
             # device waited on the host (a launch's seconds include its waits for the GIL)
             "vt:engine_device_seconds": (
                 "seconds the device spent running steps",
-                state.loop.backend.device_seconds,
+                state.engine.backend.device_seconds,
             ),
             "vt:engine_launch_seconds": (
                 "seconds the backend's thread spent enqueuing steps on the device",
-                state.loop.backend.launch_seconds,
+                state.engine.backend.launch_seconds,
             ),
             # the scrape runs on the event loop's thread: its CPU time beside the loop's clock
             # tells how near that thread (the step loop, HTTP, SSE) is to being the limit
@@ -266,5 +266,5 @@ class _SchedulerCounters:
 
 async def metrics(request: Request) -> Response:
     state = request.app.state.vt
-    body = state.loop.observer.scrape(state)
+    body = state.engine.observer.scrape(state)
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,4 +1,8 @@
-"""Shaping engine updates into OpenAI completion and chat responses, streamed or whole."""
+"""Shaping the engine's deltas into OpenAI completion and chat responses, streamed or whole.
+
+A stream's chunk is made from one Delta (its choice's new output); a whole response from each
+choice's total, the same type with every delta merged (vtllm/engine/engine.py's Stream).
+"""
 
 from vtllm.server.chat_output import finish_reason, streamed_message, whole_message
 from vtllm.server.protocol import (
@@ -22,9 +26,8 @@ from vtllm.server.protocol import (
 
 
 class _Shaper:
-    def __init__(self, state, req, sub):
-        self.state, self.req, self.sub = state, req, sub
-        self.text = [""] * len(sub.choices)
+    def __init__(self, state, req, stream):
+        self.state, self.req, self.stream = state, req, stream
         options = req.stream_options
         self.include_usage = bool(options and options.include_usage)
         self.continuous_usage = bool(options and options.continuous_usage_stats)
@@ -36,9 +39,9 @@ class _Shaper:
 
     def usage(self) -> Usage:
         # n choices share one prompt: count it once
-        prompt = sum(len(c.prompt_ids) for c in self.sub.choices if c.first_of_prompt)
-        completion = sum(len(c.total.token_ids) for c in self.sub.choices)
-        cached = sum(c.total.num_cached_tokens for c in self.sub.choices if c.first_of_prompt)
+        prompt = sum(len(c.prompt_ids) for c in self.stream.choices if c.first_of_prompt)
+        completion = sum(len(c.total.token_ids) for c in self.stream.choices)
+        cached = sum(c.total.num_cached_tokens for c in self.stream.choices if c.first_of_prompt)
         details = PromptTokensDetails(cached)
         return Usage(prompt, completion, prompt + completion, details)
 
@@ -71,29 +74,29 @@ class CompletionShaper(_Shaper):
     logprobs. echo with max_tokens 0 scores a prompt: the one token generated to run it is
     not shown."""
 
-    def __init__(self, state, req, sub):
-        super().__init__(state, req, sub)
-        self.text_offset = [0] * len(sub.choices)  # per choice, across streamed chunks
+    def __init__(self, state, req, stream):
+        super().__init__(state, req, stream)
+        self.text_offset = [0] * len(stream.choices)  # per choice, across streamed chunks
         self.echo_logprobs = req.echo and req.logprobs is not None
         self.echo_only = req.echo and req.max_tokens == 0
-        self.echoed = [not self.echo_logprobs] * len(sub.choices)  # streamed with logprobs
+        self.echoed = [not self.echo_logprobs] * len(stream.choices)  # streamed with logprobs
 
     def opening(self):
         if not self.req.echo or self.echo_logprobs:
             return []
-        choices = [CompletionChoice(c.index, self._echo(c)) for c in self.sub.choices]
-        return [self._response(choices, self._running_usage(self.sub.choices[0]))]
+        choices = [CompletionChoice(c.index, self._echo(c)) for c in self.stream.choices]
+        return [self._response(choices, self._running_usage(self.stream.choices[0]))]
 
     def _echo(self, choice) -> str:
         return self.state.tokenizer.decode(choice.prompt_ids, skip_special_tokens=False)
 
-    def _logprobs(self, update, index=None, echo=None) -> CompletionLogprobs | None:
+    def _logprobs(self, delta, index=None, echo=None) -> CompletionLogprobs | None:
         """`index` given (streaming): offsets continue from that choice's earlier chunks;
         `echo` (a choice): its prompt's tokens come first."""
         if self.req.logprobs is None:
             return None
         k = self.req.logprobs  # the prompt's entries may hold more (prompt_logprobs)
-        entries = [] if self.echo_only else update.logprobs
+        entries = [] if self.echo_only else delta.logprobs
         tokens, values, tops = [], [], []
         if echo is not None:
             tokens.append(self._token(echo.prompt_ids[0]))
@@ -114,27 +117,27 @@ class CompletionShaper(_Shaper):
         return CompletionLogprobs(tokens, values, tops, offsets)
 
     def _response(self, choices, usage=None) -> CompletionResponse:
-        sub = self.sub
-        return CompletionResponse(sub.id, sub.created, self.model, choices, usage=usage)
+        stream = self.stream
+        return CompletionResponse(stream.id, stream.created, self.model, choices, usage=usage)
 
-    def chunk(self, choice, update):
-        text = "" if self.echo_only else update.text
+    def chunk(self, choice, delta):
+        text = "" if self.echo_only else delta.text
         echo = None
         if not self.echoed[choice.index]:
-            if not update.token_ids and not update.finished:
+            if not delta.token_ids and not delta.finished:
                 return None  # prompt logprobs still coming
             self.echoed[choice.index], echo = True, choice
             text = self._echo(choice) + text
-        elif not text and not update.finished and (self.echo_only or not update.logprobs):
+        elif not text and not delta.finished and (self.echo_only or not delta.logprobs):
             return None
         return self._response(
             [
                 CompletionChoice(
                     choice.index,
                     text,
-                    update.finish_reason if update.finished else None,
-                    update.stop_reason if update.finished else None,
-                    self._logprobs(update, choice.index, echo),
+                    delta.finish_reason if delta.finished else None,
+                    delta.stop_reason if delta.finished else None,
+                    self._logprobs(delta, choice.index, echo),
                 )
             ],
             self._running_usage(choice),
@@ -145,7 +148,7 @@ class CompletionShaper(_Shaper):
 
     def final(self) -> CompletionResponse:
         choices = []
-        for c in self.sub.choices:
+        for c in self.stream.choices:
             shown = "" if self.echo_only else c.total.text
             text = (self._echo(c) if self.req.echo else "") + shown
             logprobs = self._logprobs(c.total, echo=c if self.echo_logprobs else None)
@@ -159,17 +162,17 @@ class CompletionShaper(_Shaper):
 
 
 class ChatShaper(_Shaper):
-    def __init__(self, state, req, sub, setup=None):
-        super().__init__(state, req, sub)
+    def __init__(self, state, req, stream, setup=None):
+        super().__init__(state, req, stream)
         # each choice's reader of reasoning and tool calls (chat_output.py); None: plain text
-        readers = [None if setup is None else setup.output() for _ in sub.choices]
+        readers = [None if setup is None else setup.output() for _ in stream.choices]
         self.readers = [None if r is None or r.plain else r for r in readers]
 
-    def _logprobs(self, update) -> ChatLogprobs | None:
+    def _logprobs(self, delta) -> ChatLogprobs | None:
         if not self.req.logprobs:
             return None
         content = []
-        for lp in update.logprobs:
+        for lp in delta.logprobs:
             token = self._token(lp.token_id)
             tops = [
                 TopLogprob(self._token(t), v, list(self._token(t).encode()))
@@ -179,39 +182,39 @@ class ChatShaper(_Shaper):
         return ChatLogprobs(content)
 
     def _chunk(self, choices, usage=None) -> ChatCompletionChunk:
-        sub = self.sub
-        return ChatCompletionChunk(sub.id, sub.created, self.model, choices, usage=usage)
+        stream = self.stream
+        return ChatCompletionChunk(stream.id, stream.created, self.model, choices, usage=usage)
 
     def opening(self):
         return [
             self._chunk(
                 [
                     ChatChunkChoice(c.index, ChatDeltaOut(role="assistant", content=""))
-                    for c in self.sub.choices
+                    for c in self.stream.choices
                 ],
-                self._running_usage(self.sub.choices[0]),
+                self._running_usage(self.stream.choices[0]),
             )
         ]
 
-    def chunk(self, choice, update):
-        if not update.text and not update.finished and not update.logprobs:
+    def chunk(self, choice, delta):
+        if not delta.text and not delta.finished and not delta.logprobs:
             return None
-        reader, reason = self.readers[choice.index], update.finish_reason
+        reader, reason = self.readers[choice.index], delta.finish_reason
         if reader is None:
-            delta = ChatDeltaOut(content=update.text)
+            message = ChatDeltaOut(content=delta.text)
         else:
-            delta = streamed_message(reader.feed(update.text, update.finished))
+            message = streamed_message(reader.feed(delta.text, delta.finished))
             reason = finish_reason(reason, reader.called)
-            if delta is None and not update.finished and not update.logprobs:
+            if message is None and not delta.finished and not delta.logprobs:
                 return None  # held back: it may still be a marker
         return self._chunk(
             [
                 ChatChunkChoice(
                     choice.index,
-                    delta or ChatDeltaOut(),
-                    reason if update.finished else None,
-                    update.stop_reason if update.finished else None,
-                    self._logprobs(update),
+                    message or ChatDeltaOut(),
+                    reason if delta.finished else None,
+                    delta.stop_reason if delta.finished else None,
+                    self._logprobs(delta),
                 )
             ],
             self._running_usage(choice),
@@ -222,7 +225,7 @@ class ChatShaper(_Shaper):
 
     def final(self) -> ChatCompletionResponse:
         choices = []
-        for c, reader in zip(self.sub.choices, self.readers, strict=True):
+        for c, reader in zip(self.stream.choices, self.readers, strict=True):
             message = ChatMessageOut(role="assistant", content=c.total.text)
             reason = c.total.finish_reason
             if reader is not None:
@@ -231,10 +234,10 @@ class ChatShaper(_Shaper):
             choices.append(
                 ChatChoice(c.index, message, reason, c.total.stop_reason, self._logprobs(c.total))
             )
-        sub = self.sub
+        stream = self.stream
         response = ChatCompletionResponse(
-            sub.id, sub.created, self.model, choices, usage=self.usage()
+            stream.id, stream.created, self.model, choices, usage=self.usage()
         )
         if self.req.prompt_logprobs is not None:  # one prompt for every choice: vLLM's place
-            response.prompt_logprobs = self._prompt_logprobs(sub.choices[0])
+            response.prompt_logprobs = self._prompt_logprobs(stream.choices[0])
         return response

@@ -18,7 +18,6 @@ from vtllm.server import preprocess, responses
 from vtllm.server.admission import DISCONNECTED_AT, admit, admit_prompt_tokens
 from vtllm.server.chat_setup import ChatSetup
 from vtllm.server.fields import IGNORED_HEADER, ignore_unknown, refuse_unsupported
-from vtllm.server.generation import submit
 from vtllm.server.http_errors import (
     HttpError,
     close_if_body_unread,
@@ -157,13 +156,13 @@ async def completions(request: Request) -> Response:
         prompts = await preprocess.run(prompts_of, len(req.prompt))
         check_fan_out(len(prompts), params.n)
         admit_prompt_tokens(state, sum(len(p) for p in prompts) * params.n)
-        sub = submit(state.loop, prompts, params, "cmpl", req.priority)
+        stream = state.engine.submit(prompts, params, priority=req.priority, prefix="cmpl")
     except (VtllmError, ValueError) as exc:
         return _refusal(request, exc)
-    shaper = responses.CompletionShaper(state, req, sub)
+    shaper = responses.CompletionShaper(state, req, stream)
     if req.stream:
-        return _named(request, _stream(state, sub, shaper, request.scope))
-    return _named(request, await _gather(state, sub, shaper, request))
+        return _named(request, _stream(state, stream, shaper, request.scope))
+    return _named(request, await _gather(state, stream, shaper, request))
 
 
 async def chat_completions(request: Request) -> Response:
@@ -202,13 +201,13 @@ async def chat_completions(request: Request) -> Response:
         setup.constrain(req, params)
         params.check_vocab(state.vocab_size)
         admit_prompt_tokens(state, len(prompt) * params.n)
-        sub = submit(state.loop, [prompt], params, "chatcmpl", req.priority)
+        stream = state.engine.submit([prompt], params, priority=req.priority, prefix="chatcmpl")
     except (VtllmError, ValueError) as exc:
         return _refusal(request, exc)
-    shaper = responses.ChatShaper(state, req, sub, setup)
+    shaper = responses.ChatShaper(state, req, stream, setup)
     if req.stream:
-        return _named(request, _stream(state, sub, shaper, request.scope))
-    return _named(request, await _gather(state, sub, shaper, request))
+        return _named(request, _stream(state, stream, shaper, request.scope))
+    return _named(request, await _gather(state, stream, shaper, request))
 
 
 def _error_frame(message: str) -> bytes:
@@ -216,7 +215,7 @@ def _error_frame(message: str) -> bytes:
     return frame({"error": body})
 
 
-def _stream(state, sub, shaper, scope) -> SSEResponse:
+def _stream(state, stream, shaper, scope) -> SSEResponse:
     """SSE: starlette cancels this generator when the client goes away, and SSEResponse
     closes it when the client stops reading; `finally` then aborts the request in the engine,
     which frees its blocks."""
@@ -227,27 +226,27 @@ def _stream(state, sub, shaper, scope) -> SSEResponse:
         try:
             for chunk in shaper.opening():
                 yield encode(chunk)
-            async for choice, update in sub.updates():
+            async for choice, delta in stream:
                 if choice is None:
                     yield PING
                     continue
-                if update.finish_reason == ERROR:  # engine failure or shutdown deadline
-                    yield _error_frame(str(update.stop_reason or "the request failed"))
+                if delta.finish_reason == ERROR:  # engine failure or shutdown deadline
+                    yield _error_frame(str(delta.stop_reason or "the request failed"))
                     continue
-                chunk = shaper.chunk(choice, update)
+                chunk = shaper.chunk(choice, delta)
                 if chunk is not None:
                     yield encode(chunk)
             usage = shaper.usage_chunk()
             if usage is not None:
                 yield encode(usage)
         except Exception:  # after headers: one well-formed error frame, then [DONE]
-            log.exception("stream %s failed", sub.id)
+            log.exception("stream %s failed", stream.id)
             yield _error_frame("internal error while streaming")
         finally:
-            sub.abort_unfinished(state.loop, scope.get(DISCONNECTED_AT, 0.0))
+            stream.abort(scope.get(DISCONNECTED_AT, 0.0))
         yield DONE
 
-    observer = state.loop.observer
+    observer = state.engine.observer
     on_stall = None if observer is None else observer.on_write_stall
     config = state.config
     return SSEResponse(
@@ -255,11 +254,11 @@ def _stream(state, sub, shaper, scope) -> SSEResponse:
         stall_timeout_s=config.server_write_stall_timeout_s,
         on_stall=on_stall,
         idle_s=config.server_sse_ping_s,
-        on_idle=sub.mailbox.poke,
+        on_idle=stream.poke,
     )
 
 
-async def _gather(state, sub, shaper, request: Request) -> Response:
+async def _gather(state, stream, shaper, request: Request) -> Response:
     """Waits for every choice, racing a disconnect watcher that aborts the request."""
 
     async def watch_disconnect(scope):
@@ -270,12 +269,12 @@ async def _gather(state, sub, shaper, request: Request) -> Response:
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch_disconnect, tg.cancel_scope)
         try:
-            async for _choice, _update in sub.updates():
+            async for _choice, _delta in stream:
                 pass
         finally:
-            sub.abort_unfinished(state.loop, request.scope.get(DISCONNECTED_AT, 0.0))
+            stream.abort(request.scope.get(DISCONNECTED_AT, 0.0))
         tg.cancel_scope.cancel()
-    failed = [c for c in sub.choices if c.total.finish_reason == ERROR]
+    failed = [c for c in stream.choices if c.total.finish_reason == ERROR]
     if failed:
         message = str(failed[0].total.stop_reason or "the request failed")
         # Draining past the deadline is 503 (try another replica); a failed engine is 500.

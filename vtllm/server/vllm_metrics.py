@@ -116,7 +116,7 @@ class VllmMetrics:
 
     def on_added(self, tracked) -> None:
         # One engine request a choice; vLLM's n is per request: counted on its first choice
-        # (generation.py names choices <id>-<prompt>-<k>).
+        # (Engine.submit names choices <id>-<prompt>-<k>).
         if tracked.request.request_id.endswith("-0"):
             self.n.observe(tracked.request.sampling.n)
 
@@ -131,8 +131,8 @@ class VllmMetrics:
                 self.itl.observe(gap)
                 self.tpot.observe(gap)
 
-    def on_finish(self, tracked, update, now: float) -> None:
-        reason = update.finish_reason
+    def on_finish(self, tracked, delta, now: float) -> None:
+        reason = delta.finish_reason
         counter = self.success.get(reason)
         if counter is None:  # a reason vLLM does not have: shown under its own label
             counter = self._success.labels(**self.values, finished_reason=str(reason))
@@ -140,7 +140,7 @@ class VllmMetrics:
         self.e2e.observe(now - tracked.added_at)
         request = tracked.request
         self.prompt_hist.observe(len(request.prompt_token_ids))
-        generated = update.num_output_tokens
+        generated = delta.num_output_tokens
         self.generation_hist.observe(generated)
         if request.sampling.max_tokens:
             self.max_tokens.observe(request.sampling.max_tokens)
@@ -155,7 +155,7 @@ class VllmMetrics:
             self.request_tpot.observe(decode / (generated - 1) if generated > 1 else 0.0)
 
     def scrape(self, state, usage: float) -> None:
-        scheduler = state.loop.scheduler
+        scheduler = state.engine.scheduler
         self.running.set(scheduler.num_running)
         self.waiting.set(scheduler.num_waiting)
         self.kv_usage.set(usage)
@@ -173,7 +173,7 @@ class _SchedulerCounters:
         state = self.metrics.state
         if state is None:
             return
-        scheduler = state.loop.scheduler
+        scheduler = state.engine.scheduler
         values = {
             "vllm:num_preemptions": ("preemptions", scheduler.num_preemptions),
             "vllm:prefix_cache_queries": (

@@ -8,6 +8,7 @@ Hot path: keep it lean.
 
 import numpy as np
 
+from vtllm.kernels import QType
 from vtllm.models.config import ModelConfig
 from vtllm.models.ops import Hidden, KVCache, StepInputs
 from vtllm.models.weights import ModelWeights, Weight
@@ -129,6 +130,9 @@ class CpuOps:
         return self.bufs["qkv"]
 
     def attention(self, qkv, q_norm, k_norm, layer: int, step: StepInputs) -> np.ndarray:
+        return self._attention(qkv, q_norm, k_norm, layer, step, self.cos_sin, self.scale)
+
+    def _attention(self, qkv, q_norm, k_norm, layer, step, cos_sin, scale, window=0, cap=0.0):
         c, k, kv = self.config, self.k, self.kv
         n, dim, q_size, kv_size = qkv.shape[0], c.head_dim, c.q_size, c.kv_size
         q = np.ascontiguousarray(qkv[:, :q_size]).reshape(n, c.num_heads, dim)
@@ -140,19 +144,14 @@ class CpuOps:
             k.rms_norm(q2, q_norm, self.eps, q2)
             k2 = key.reshape(-1, dim)
             k.rms_norm(k2, k_norm, self.eps, k2)
-        k.rotary(q, key, step.positions, self.cos_sin)
+        k.rotary(q, key, step.positions, cos_sin)
         k.write_kv(key, v, kv.k[layer], kv.v[layer], step.slot_mapping)
         attn = self.bufs["attn"]
-        k.paged_attention(
-            q,
-            kv.k[layer],
-            kv.v[layer],
-            step.block_tables,
-            step.seq_lens,
-            step.query_start_loc,
-            self.scale,
-            attn,
-        )
+        paged = (kv.k[layer], kv.v[layer], step.block_tables, step.seq_lens, step.query_start_loc)
+        if window or cap:
+            k.paged_attention_window(q, *paged, scale, window, cap, attn)
+        else:
+            k.paged_attention(q, *paged, scale, attn)
         return attn.reshape(n, q_size)
 
     def add_linear(self, x, weight: Weight, h: Hidden) -> None:
@@ -178,3 +177,44 @@ class CpuOps:
         logits = k.empty((rows.shape[0], c.vocab_size), np.float32)
         k.linear(final, weight.data, weight.qtype, logits)
         return logits
+
+    # -- what the Gemma forward adds (models/ops.GemmaOps) ----------------------------------
+    def embed_scaled(self, weight: Weight, step: StepInputs, factor: float) -> Hidden:
+        h = self.embed(weight, step)
+        scale = _round_to(np.array([factor], np.float32), weight.qtype)
+        h.residual *= scale[0]
+        _round_to(h.residual, weight.qtype)
+        return h
+
+    def attention_spec(self, cos_sin, scale: float, window: int, softcap: float) -> tuple:
+        return (np.ascontiguousarray(cos_sin, np.float32), float(scale), int(window), softcap)
+
+    def attention_with(self, qkv, q_norm, k_norm, layer: int, step: StepInputs, spec):
+        cos_sin, scale, window, cap = spec
+        return self._attention(qkv, q_norm, k_norm, layer, step, cos_sin, scale, window, cap)
+
+    def add_linear_normed(self, x, weight: Weight, norm, h: Hidden) -> None:
+        out = self.bufs["h"]
+        self.k.linear(x, weight.data, weight.qtype, out)
+        self.k.rms_norm(out, norm, self.eps, out)
+        h.pending = out
+
+    def geglu_up(self, x, weight: list[Weight]) -> np.ndarray:
+        self._project(x, weight, self.bufs["gate_up"], None)
+        self.k.gelu_tanh_and_mul(self.bufs["gate_up"], self.bufs["act"])
+        return self.bufs["act"]
+
+    def soft_cap(self, logits, cap: float) -> np.ndarray:
+        self.k.soft_cap(logits, cap)
+        return logits
+
+
+def _round_to(x: np.ndarray, qtype: QType) -> np.ndarray:
+    """x (float32) rounded in place to F16 / BF16 values when qtype is one of them."""
+    if qtype == QType.F16:
+        x[...] = x.astype(np.float16)
+    elif qtype == QType.BF16:  # to nearest even, on the bits
+        bits = x.view(np.uint32)
+        bits += 0x7FFF + ((bits >> 16) & 1)
+        bits &= 0xFFFF0000
+    return x

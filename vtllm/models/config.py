@@ -21,6 +21,13 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Gemma (models/gemma); the Llama forward reads none of these.
+    sliding_window: int = 0  # keys a windowed layer sees, itself included; 0: no window
+    sliding_layers: tuple[bool, ...] = ()  # per layer: whether the window applies
+    rope_local_theta: float = 0.0  # rope base of windowed layers when not rope_theta (Gemma 3)
+    query_pre_attn_scalar: float = 0.0  # attention scale is its -1/2 power; 0: head_dim's
+    attn_logit_softcap: float = 0.0  # scores <- cap * tanh(scores / cap); 0: none
+    final_logit_softcap: float = 0.0  # the same on the logits
 
     @property
     def q_size(self) -> int:

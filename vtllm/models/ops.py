@@ -98,3 +98,29 @@ class Ops(Protocol):
 
     def lm_head(self, h: Hidden, norm, weight, step: StepInputs) -> object:
         """Logits [R, vocab] float32 of the step's logits rows, after the final norm."""
+
+
+class GemmaOps(Ops, Protocol):
+    """What the Gemma forward (models/gemma) asks beyond Ops. executor/cpu_ops implements it;
+    the CUDA backend does not yet (its runner refuses the family at load)."""
+
+    def embed_scaled(self, weight, step: StepInputs, factor: float) -> Hidden:
+        """embed, times factor; where the embedding is stored as F16 / BF16, the factor and
+        the product are rounded to that type, as HF computes it in the model's dtype."""
+
+    def attention_spec(self, cos_sin, scale: float, window: int, softcap: float) -> object:
+        """A layer's attention settings in the backend's form: its rotary table
+        [max_positions, head_dim], score scale, sliding window (keys seen, the query's own
+        included; 0: all) and score soft-cap (cap * tanh(s / cap); 0: none)."""
+
+    def attention_with(self, qkv, q_norm, k_norm, layer: int, step: StepInputs, spec) -> object:
+        """attention under a spec from attention_spec: [T, q_size]."""
+
+    def add_linear_normed(self, x, weight, norm, h: Hidden) -> None:
+        """rms_norm(x @ W.T) * norm into the residual stream (Gemma's post-norms)."""
+
+    def geglu_up(self, x, weight) -> object:
+        """gelu_tanh(gate) * up of x @ W.T for a gate/up matrix: [T, intermediate]."""
+
+    def soft_cap(self, logits, cap: float) -> object:
+        """logits <- cap * tanh(logits / cap), in place; returns them."""

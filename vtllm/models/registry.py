@@ -11,6 +11,9 @@ class Family(msgspec.Struct, frozen=True):
     qk_norm: bool = False
     # llama.cpp's converter permutes Q/K rows of these GGUF architectures for its rope layout
     gguf_qk_permuted: bool = False
+    forward: str = "llama"  # the family's model file, models/<forward>.py
+    cuda: bool = True  # False: the CUDA backend lacks ops its forward needs
+    gguf: bool = True  # False: its GGUF tensors and metadata are not read (nor written) yet
 
 
 _FAMILIES = {
@@ -18,6 +21,8 @@ _FAMILIES = {
     "mistral": Family("mistral", gguf_qk_permuted=True),
     "qwen2": Family("qwen2", qkv_bias=True),
     "qwen3": Family("qwen3", qk_norm=True),
+    "gemma2": Family("gemma2", forward="gemma", cuda=False, gguf=False),
+    "gemma3": Family("gemma3", qk_norm=True, forward="gemma", cuda=False, gguf=False),
 }
 
 # HF `architectures[0]` -> family name
@@ -26,10 +31,14 @@ _HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text model alone
 }
 
 
-def family(name: str) -> Family:
+def lookup(name: str) -> Family:
+    """The family of a registry name, whatever the checkpoint kind."""
     try:
         return _FAMILIES[name]
     except KeyError:
@@ -37,6 +46,14 @@ def family(name: str) -> Family:
         raise UnsupportedModel(
             f"unsupported architecture {name!r} (supported: {supported})"
         ) from None
+
+
+def family(name: str) -> Family:
+    """The family of a GGUF architecture name (the GGUF loader and writer's lookup)."""
+    fam = lookup(name)
+    if not fam.gguf:
+        raise UnsupportedModel(f"architecture {name!r} loads from HF safetensors only for now")
+    return fam
 
 
 def family_for_hf(architectures: list[str]) -> Family:
@@ -48,9 +65,20 @@ def family_for_hf(architectures: list[str]) -> Family:
 
 
 def model_class(architecture: str):
-    """The forward of an architecture's family (models/<family>.py): every family here is
-    the Llama one's."""
-    family(architecture)
+    """The forward of an architecture's family (models/<family>.py)."""
+    if lookup(architecture).forward == "gemma":
+        from vtllm.models.gemma import GemmaModel
+
+        return GemmaModel
     from vtllm.models.llama import LlamaModel
 
     return LlamaModel
+
+
+def check_cuda(architecture: str) -> None:
+    """Raises UnsupportedModel for a family whose ops the CUDA backend does not have yet."""
+    if not lookup(architecture).cuda:
+        raise UnsupportedModel(
+            f"architecture {architecture!r} runs on the CPU backend only for now "
+            "(the CUDA backend lacks its ops); use the CPU device"
+        )

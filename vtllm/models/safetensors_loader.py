@@ -12,8 +12,9 @@ import numpy as np
 
 from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.kernels import QType
+from vtllm.models import gemma_checkpoint
 from vtllm.models.config import ModelConfig
-from vtllm.models.registry import family_for_hf
+from vtllm.models.registry import family_for_hf, lookup
 from vtllm.models.weights import LayerWeights, ModelWeights, Weight
 
 _DTYPES = {
@@ -33,6 +34,8 @@ def read_config(directory: Path) -> ModelConfig:
         raise ModelLoadError(f"{path}: invalid JSON ({exc})") from None
     fam = family_for_hf(cfg.get("architectures") or [cfg.get("model_type", "?")])
     try:
+        if fam.forward == "gemma":
+            return gemma_checkpoint.read_config(cfg, fam, path)
         hidden = int(cfg["hidden_size"])
         num_heads = int(cfg["num_attention_heads"])
         scaling = cfg.get("rope_scaling") or None
@@ -125,6 +128,8 @@ def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
             return (data.astype(np.uint32) << 16).view(np.float32)
         return data.astype(np.float32)
 
+    if lookup(config.architecture).forward == "gemma":
+        return gemma_checkpoint.load_weights(tensors, config, directory, matrix, vector)
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."

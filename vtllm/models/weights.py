@@ -49,6 +49,8 @@ class LayerWeights:
     qkv_bias: np.ndarray | None = None  # float32 [q_size + 2 * kv_size]
     q_norm: np.ndarray | None = None  # float32 [head_dim]
     k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None  # Gemma: on the attention's output, before the add
+    post_ffn_norm: np.ndarray | None = None  # Gemma: on the MLP's output, before the add
 
 
 @dataclass(slots=True)

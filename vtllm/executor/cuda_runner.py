@@ -34,7 +34,7 @@ from vtllm.kernels.cuda import GRID_DEPENDENCY, KV_DTYPES
 from vtllm.kernels.cuda.gather import gather_rows
 from vtllm.models.loader import LoadedModel
 from vtllm.models.ops import KVCache, StepInputs
-from vtllm.models.registry import model_class
+from vtllm.models.registry import check_cuda, model_class
 from vtllm.scheduler.plan import StepPlan
 
 __all__ = ["SPLIT_SCRATCH_BYTES", "CudaModelRunner", "attention_split_rows"]
@@ -84,6 +84,7 @@ class CudaModelRunner(StepRunner):
         cuda_flash_prefill: bool = False,
         cuda_prefill_gemm: str = "mma",
     ):
+        check_cuda(loaded.config.architecture)  # families whose ops are CPU-only so far
         check_knobs(kv_cache_dtype, matmul_input_dtype, cuda_flash_prefill, cuda_prefill_gemm)
         super().__init__(
             loaded.config,

@@ -1,26 +1,27 @@
 """Decode attention over the paged KV cache, from the repo root, on a machine with an NVIDIA
 GPU and the [cuda] extra (and torch):
     python -m bench.gpu_attention [--variant FILE ...] [--targets 1024,4096] [--kv bfloat16]
-Times attention_split (the decode path: split keys over blocks, partial states to a scratch,
+Times _attention_split (the decode path: split keys over blocks, partial states to a scratch,
 then the in-order combine) at model shapes, batch sizes and context lengths, against torch's
 scaled_dot_product_attention on the same float32 K/V laid out contiguously (the peer: no
 paging, no GQA sharing of loads). GB/s counts the K and V bytes once per launch; the H200
 streams ~4.3 TB/s. Each figure is a CUDA graph of 20 launches replayed 5 times, median per
 launch, over enough copies of the KV cache that it comes from HBM (not L2). --variant times
-other copies of attention_split.py too (checked against ours), or any module with its entry
-points: --variant vtllm/kernels/cuda/attention_ring.py times the ring kernel. --kv bfloat16:
-a cache of bf16 bits (2 bytes a value) and torch's K/V and q in bf16. --shapes 8B: only that
-shape. --cases 8B:8:1024,8B:16:1024 times those (shape:batch:context) cases instead of CASES.
---geometries 4:3:168,2:3:128 sweeps a ring module's (warps, stages, registers) for the cache
-type in use, without copies of the module.
+other copies of _attention_split.py too (checked against ours), or any module with its entry
+point (decode_attention): --variant vtllm/kernels/cuda/_attention_ring.py times the ring
+kernel. --kv bfloat16: a cache of bf16 bits (2 bytes a value) and torch's K/V and q in bf16.
+--shapes 8B: only that shape. --cases 8B:8:1024,8B:16:1024 times those (shape:batch:context)
+cases instead of CASES. --geometries 4:3:168,2:3:128 sweeps a ring module's (warps, stages,
+registers) for the cache type in use, without copies of the module.
     python -m bench.gpu_attention --prefill 512,1024,4096 [--variant FILE ...]
 times the prefill path instead (one prompt of n tokens attending causally to itself, no
 scratch; --kv as above) against torch's causal scaled_dot_product_attention; a variant may be
-a copy of attention_split.py (its split_attention without scratch), of attention_prefill.py
-or of attention_flash.py (tensor cores; needs --kv bfloat16; its max err is rounding, not a
-bug). Each case launches its kernel once outside a graph before timing, so a profiler can take
-that launch: ncu --kernel-name regex:_prefill_kernel --launch-count 1 --section SpeedOfLight
---section WarpStateStats python -m bench.gpu_attention --prefill 1024 --shapes 8B"""
+a copy of _attention_prefill.py (its prefill_attention; ours is attention.paged_attention
+without scratch) or of _attention_flash.py (tensor cores; needs --kv bfloat16; its max err is
+rounding, not a bug). Each case launches its kernel once outside a graph before timing, so a
+profiler can take that launch: ncu --kernel-name regex:_prefill_kernel --launch-count 1
+--section SpeedOfLight --section WarpStateStats python -m bench.gpu_attention --prefill 1024
+--shapes 8B"""
 
 import argparse
 import importlib.util
@@ -31,7 +32,8 @@ import torch
 from numba import cuda
 
 from bench.gpu_linear import numba_us, torch_us
-from vtllm.kernels.cuda import attention_split
+from vtllm.kernels.cuda import _attention_split as attention_split
+from vtllm.kernels.cuda.attention import make_scratch, paged_attention
 from vtllm.models.synthetic import to_bf16_bits
 
 TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -134,7 +136,7 @@ def main():
             mod.TARGET_BLOCKS = target
             if geometry is not None:
                 mod.GEOMETRY[cache_type] = geometry
-            scratch = mod.make_scratch(batch, hq, d, 4097)
+            scratch = make_scratch(batch, hq, d, 4097)
             out = cuda.device_array((batch, hq, d), np.float32)
 
             turn = [0]
@@ -143,7 +145,7 @@ def main():
                 kcs, vcs, meta, q, d = kv
                 i = turn[0] % len(kcs)
                 turn[0] += 1
-                mod.split_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, scratch, stream=stream)
+                mod.decode_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, scratch, stream=stream)
 
             label = f"{name}@{target}" + ("" if geometry is None else f"@{geometry}")
             try:
@@ -216,9 +218,7 @@ def bench_prefill(mods, lengths, shapes, kv):
                     elif hasattr(mod, "prefill_attention"):
                         mod.prefill_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, stream=stream)
                     else:
-                        mod.split_attention(
-                            q, kcs[i], vcs[i], *meta, d**-0.5, out, None, stream=stream
-                        )
+                        paged_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, stream=stream)
 
                 us = numba_us(stream, fn, reps=5)
                 got = out.copy_to_host()

@@ -7,7 +7,7 @@ bits); the peer: torch.nn.functional.linear in bf16 (cuBLAS). Every figure is a 
 20 back-to-back launches replayed 5 times, median per launch (no Python launch cost in it).
 GB/s counts the weight bytes once per launch; TFLOP/s is 2 M N K per launch. --variant loads
 the kernel module from a file instead (a copy with other tuning constants; with --gemm, a
-copy of gemm_mma.py; with --wgmma, of gemm_wgmma.py). --wgmma times gemm_wgmma (Hopper's
+copy of _gemm_mma.py; with --wgmma, of _gemm_wgmma.py). --wgmma times gemm_wgmma (Hopper's
 warpgroup mma, x rounded included) against gemm_mma, linear_mma's bits and torch. --rows adds
 linear_rows (batched decode, bits checked against linear_mma) for M > 8, and --rows-variant
 copies of its module beside it. --gemm times the prefill kernel gemm_mma (x split included,
@@ -32,10 +32,10 @@ from numba import cuda
 
 from vtllm.executor.cuda_graphs import CudaGraph
 from vtllm.kernels import QType
-from vtllm.kernels.cuda import gemm_mma as default_gemm_module
+from vtllm.kernels.cuda import _gemm_mma as default_gemm_module
+from vtllm.kernels.cuda import _linear_mma as default_module
+from vtllm.kernels.cuda import _linear_rows as default_rows_module
 from vtllm.kernels.cuda import linear
-from vtllm.kernels.cuda import linear_mma as default_module
-from vtllm.kernels.cuda import linear_rows as default_rows_module
 
 SHAPES = {  # name: (N, K)
     "8B qkv": (6144, 4096),
@@ -241,7 +241,7 @@ def main():
     p.add_argument("--gemv", action="store_true", help="also time the GEMV kernel (M <= 8)")
     p.add_argument(
         "--variant",
-        help="a copy of kernels/cuda/linear_mma.py (with --gemm: of gemm_mma.py) to time instead",
+        help="a copy of kernels/cuda/_linear_mma.py (with --gemm: of _gemm_mma.py) to time instead",
     )
     p.add_argument("--gemm", action="store_true", help="time gemm_mma (prefill) instead")
     p.add_argument("--wgmma", action="store_true", help="time gemm_wgmma against gemm_mma")
@@ -251,13 +251,13 @@ def main():
     p.add_argument(
         "--rows-variant",
         default="",
-        help="copies of kernels/cuda/linear_rows.py (comma-separated) timed beside it with --rows",
+        help="copies of kernels/cuda/_linear_rows.py (comma-separated) timed beside it with --rows",
     )
     p.add_argument("--gemm-ms", default="128,512,1024,4096")
     p.add_argument("--x-bf16", action="store_true", help="W packed for x rounded to bf16")
     args = p.parse_args()
     if args.wgmma:
-        from vtllm.kernels.cuda import gemm_wgmma
+        from vtllm.kernels.cuda import _gemm_wgmma as gemm_wgmma
 
         wg = load_variant(args.variant) if args.variant else gemm_wgmma
         print(

@@ -25,7 +25,8 @@ from vtllm.models.synthetic import to_bf16_bits
 
 
 def attention_case(rng, stream, hq, hk, d, batch, ctx, kv):
-    from vtllm.kernels.cuda.attention_split import make_scratch, split_attention
+    from vtllm.kernels.cuda._attention_split import decode_attention
+    from vtllm.kernels.cuda.attention import make_scratch
 
     bs = 16
     per = -(-ctx // bs)
@@ -44,13 +45,15 @@ def attention_case(rng, stream, hq, hk, d, batch, ctx, kv):
     q = cuda.to_device(rng.standard_normal((batch, hq, d)).astype(np.float32))
     out = cuda.device_array((batch, hq, d), np.float32)
     scratch = make_scratch(batch, hq, d, max(ctx, 1))
-    return lambda: split_attention(q, k_cache, v_cache, *meta, d**-0.5, out, scratch, stream=stream)
+    return lambda: decode_attention(
+        q, k_cache, v_cache, *meta, d**-0.5, out, scratch, stream=stream
+    )
 
 
 def linear_case(rng, stream, mode, n, k, m):
-    from vtllm.kernels.cuda.gemm_mma import gemm_mma
-    from vtllm.kernels.cuda.linear_mma import linear_mma, pack_bf16, split_x, x_scratch_words
-    from vtllm.kernels.cuda.linear_rows import linear_rows
+    from vtllm.kernels.cuda._gemm_mma import gemm_mma
+    from vtllm.kernels.cuda._linear_mma import linear_mma, pack_bf16, split_x, x_scratch_words
+    from vtllm.kernels.cuda._linear_rows import linear_rows
 
     x_bf16 = mode == "gemm"
     w = rng.standard_normal((n, k)).astype(np.float32) * 0.02

@@ -18,12 +18,11 @@ import numpy as np
 from numba import cuda
 
 from vtllm.executor.cuda_graphs import CudaGraph
-from vtllm.executor.cuda_ops import FOLD_TOKENS, ROPE_TOKENS
+from vtllm.executor.cuda_ops import FOLD_TOKENS
 from vtllm.executor.cuda_runner import CudaModelRunner
 from vtllm.kernels import cuda as ops
-from vtllm.kernels.cuda.attention_split import rope_attention
-from vtllm.kernels.cuda.linear_mma import linear_mma
-from vtllm.kernels.cuda.qkv_rope import qkv_rope
+from vtllm.kernels.cuda._linear_mma import linear_mma
+from vtllm.kernels.cuda.attention import ROPE_TOKENS, fuses_rope, qkv_rope, rope_attention
 from vtllm.models.loader import load_model
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan
 from vtllm.scheduler.sampling_params import SamplingParams
@@ -244,7 +243,8 @@ def op_rows(runner, T, R, views):
     inp = runner._inputs(views)
     fold = m.foldable and B <= FOLD_TOKENS  # the norms in the linears (executor/cuda_ops)
     n_plain = 0 if fold else n  # rows a folded step does not run are timed, counted x 0
-    in_attention = m.rope_fusable and B <= ROPE_TOKENS  # qkv_rope in attention's kernel
+    fusable = fuses_rope(c.num_heads, c.num_kv_heads, c.head_dim)
+    in_attention = fusable and B <= ROPE_TOKENS  # qkv_rope in attention's kernel
     n_unfused = 0 if in_attention else n
     res, attn2d, eps = m.residual[:B], m.attn[:B].reshape(B, c.q_size), c.rms_norm_eps
     res.copy_to_device(rng.standard_normal(res.shape).astype(np.float32))

@@ -13,8 +13,7 @@ from numba import cuda
 
 from bench.gpu_profile_decode import gpu_us
 from vtllm.kernels.cuda import paged_attention
-from vtllm.kernels.cuda.attention_split import make_scratch, rope_attention
-from vtllm.kernels.cuda.qkv_rope import qkv_rope
+from vtllm.kernels.cuda.attention import make_scratch, qkv_rope, rope_attention
 
 SHAPES = {"0.6B": (16, 8, 128), "8B": (32, 8, 128), "135M": (9, 3, 64)}  # (Hq, Hk, D)
 BS, MAX_POS = 16, 4096

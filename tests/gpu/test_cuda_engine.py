@@ -109,7 +109,7 @@ def test_flash_prefill_in_graphs_gives_the_eager_tokens(tiny, workload, monkeypa
     """Prompt rows past 16 attend on tensor cores (other bits than the decode kernels', so
     not compared with the runs above); replayed in graphs, the same tokens as eager steps (the
     same schedule: both synchronous)."""
-    from vtllm.kernels.cuda import attention_flash
+    from vtllm.kernels.cuda import _attention_flash as attention_flash
 
     launched, launch = [], attention_flash.flash_prefill
     monkeypatch.setattr(
@@ -251,12 +251,14 @@ def test_logprobs_and_prompt_logprobs_match_cpu(tmp_path):
 @pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-qwen2", "tiny-qwen3-d32"])
 def test_folded_norms_give_the_bits_of_the_unfolded_step(tmp_path, monkeypatch, shape):
     """Steps of up to FOLD_TOKENS tokens fold the norms into the linears and the residual adds
-    into their epilogues, and steps of up to ROPE_TOKENS make q and the new keys inside
-    attention (executor/cuda_ops); the same steps with nothing folded give the same logits,
-    bit for bit (qwen2: a qkv bias; qwen3: q/k norms; d32: heads that rope_attention takes)."""
+    into their epilogues (executor/cuda_ops), and steps of up to ROPE_TOKENS make q and the new
+    keys inside attention (kernels/cuda/attention); the same steps with nothing folded give the
+    same logits, bit for bit (qwen2: a qkv bias; qwen3: q/k norms; d32: heads that
+    rope_attention takes)."""
     from tests.models.runner_util import make_runner
     from vtllm.executor import cuda_ops
     from vtllm.executor.cuda_runner import CudaModelRunner
+    from vtllm.kernels.cuda import attention
 
     loaded = load_model(write_checkpoint(tmp_path / shape, shape, seed=5, bf16=True))
     ids = np.random.default_rng(4).integers(3, loaded.config.vocab_size, 50).tolist()
@@ -274,12 +276,13 @@ def test_folded_norms_give_the_bits_of_the_unfolded_step(tmp_path, monkeypatch, 
             use_graphs=False,
         )
         assert runner.ops.foldable
-        assert runner.ops.rope_fusable == (loaded.config.head_dim == 32)
+        c = loaded.config
+        assert attention.fuses_rope(c.num_heads, c.num_kv_heads, c.head_dim) == (c.head_dim == 32)
         return teacher_forced_logits(runner, ids, chunks)
 
     folded = logits()
     monkeypatch.setattr(cuda_ops, "FOLD_TOKENS", 0)
-    monkeypatch.setattr(cuda_ops, "ROPE_TOKENS", 0)
+    monkeypatch.setattr(attention, "ROPE_TOKENS", 0)
     unfolded = logits()
     np.testing.assert_array_equal(folded, unfolded)
     cpu = teacher_forced_logits(make_runner(loaded), ids, chunks)

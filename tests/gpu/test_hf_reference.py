@@ -68,7 +68,7 @@ def test_teacher_forced_logits(tmp_path, monkeypatch, shape, kv, matmul, flash):
     them) or activations rounded to bf16 before the tensor cores (as HF's bf16 model feeds
     them) stay within the same bounds; so does attention on tensor cores for prompt rows
     (flash: bf16 q and softmax weights, as HF's bf16 model computes them)."""
-    from vtllm.kernels.cuda import attention_flash
+    from vtllm.kernels.cuda import _attention_flash as attention_flash
 
     launched, launch = [], attention_flash.flash_prefill
     monkeypatch.setattr(

@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
-from vtllm.kernels.cuda import attention_ring, attention_split, paged_attention, write_kv
-from vtllm.kernels.cuda.attention_split import make_scratch
+from vtllm.kernels.cuda import _attention_ring as attention_ring
+from vtllm.kernels.cuda import _attention_split as attention_split
+from vtllm.kernels.cuda import paged_attention, write_kv
+from vtllm.kernels.cuda.attention import RING_MIN_ROWS, make_scratch
 from vtllm.kernels.reference import paged_attention_ref, write_kv_ref
 from vtllm.models.synthetic import to_bf16_bits
 
@@ -159,19 +161,22 @@ def test_ring_kernel_gives_the_split_kernels_bits(rng, case, kv, monkeypatch):
 
 
 def test_decode_batches_of_min_rows_run_the_ring_kernel(rng, monkeypatch):
-    """paged_attention with a scratch: the split kernel below attention_ring.MIN_ROWS query
-    rows, the ring kernel from there on; both match the reference."""
+    """paged_attention with a scratch: the split kernel below RING_MIN_ROWS query rows, the
+    ring kernel from there on; both match the reference."""
     ran = []
     for mod in (attention_split, attention_ring):
         monkeypatch.setattr(
             mod,
-            "split_attention",
-            lambda *a, _mod=mod, _run=mod.split_attention, **kw: (ran.append(_mod), _run(*a, **kw)),
+            "decode_attention",
+            lambda *a, _mod=mod, _run=mod.decode_attention, **kw: (
+                ran.append(_mod),
+                _run(*a, **kw),
+            ),
         )
     hq, hk, d, bs = 4, 2, 16, 4
     for rows, want in (
-        (attention_ring.MIN_ROWS - 1, attention_split),
-        (attention_ring.MIN_ROWS, attention_ring),
+        (RING_MIN_ROWS - 1, attention_split),
+        (RING_MIN_ROWS, attention_ring),
     ):
         k_cache, v_cache, tables, seq_lens, qsl, _ = build(rng, hk, d, bs, [(1, 9)] * rows, 0)
         q = rng.standard_normal((rows, hq, d)).astype(np.float32)

@@ -7,7 +7,7 @@ import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
 from tests.kernels_cuda.test_attention import bf16_values, build
-from vtllm.kernels.cuda import attention_flash
+from vtllm.kernels.cuda import _attention_flash as attention_flash
 from vtllm.kernels.reference import paged_attention_ref
 from vtllm.models.synthetic import to_bf16_bits
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from vtllm.executor.cuda_runner import SPLIT_SCRATCH_BYTES, attention_split_rows
-from vtllm.kernels.cuda.attention_split import make_scratch
+from vtllm.kernels.cuda.attention import make_scratch
 
 pytestmark = pytest.mark.cudasim
 

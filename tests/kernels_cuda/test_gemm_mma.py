@@ -9,7 +9,7 @@ import pytest
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from tests.kernels_cuda.test_linear_mma import check_close, rounded_to_bf16
 from vtllm.kernels import QType
-from vtllm.kernels.cuda.gemm_mma import (
+from vtllm.kernels.cuda._gemm_mma import (
     BLOCK_GROUPS,
     BLOCK_TILES,
     GEMM_ABOVE,
@@ -17,7 +17,7 @@ from vtllm.kernels.cuda.gemm_mma import (
     gemm_mma,
     gemm_pays,
 )
-from vtllm.kernels.cuda.linear_mma import (
+from vtllm.kernels.cuda._linear_mma import (
     UNROLL,
     WIDE_WARPS,
     linear_mma,
@@ -25,7 +25,7 @@ from vtllm.kernels.cuda.linear_mma import (
     split_x,
     x_scratch_words,
 )
-from vtllm.kernels.cuda.linear_mma import WARPS as RESIDUES
+from vtllm.kernels.cuda._linear_mma import WARPS as RESIDUES
 from vtllm.kernels.cuda.matmul import DeviceWeight
 
 pytestmark = pytest.mark.cudasim

@@ -10,7 +10,7 @@ import pytest
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from tests.kernels_cuda.test_linear_mma import check_close, rounded_to_bf16
 from vtllm.kernels import QType
-from vtllm.kernels.cuda.gemm_wgmma import (
+from vtllm.kernels.cuda._gemm_wgmma import (
     BLOCK_TILES,
     STAGE_TILES,
     STAGES,
@@ -19,7 +19,7 @@ from vtllm.kernels.cuda.gemm_wgmma import (
     gemm_wgmma,
     round_x,
 )
-from vtllm.kernels.cuda.linear_mma import (
+from vtllm.kernels.cuda._linear_mma import (
     UNROLL,
     WIDE_WARPS,
     linear_mma,
@@ -27,7 +27,7 @@ from vtllm.kernels.cuda.linear_mma import (
     split_x,
     x_scratch_words,
 )
-from vtllm.kernels.cuda.linear_mma import WARPS as RESIDUES
+from vtllm.kernels.cuda._linear_mma import WARPS as RESIDUES
 
 pytestmark = [
     pytest.mark.cudasim,
@@ -81,7 +81,7 @@ def test_device_weight_takes_wgmma_where_asked(rng, monkeypatch):
     bits of the same W's gemm_mma route (and a gate/up W's silu(gate) * up after it). The
     simulator counts every step a GEMM's (its thresholds would need minutes a call)."""
     from vtllm.kernels.cuda import matmul as cuda_model
-    from vtllm.kernels.cuda.gemm_mma import BLOCK_GROUPS, GEMM_ABOVE, GEMM_MIN_BLOCKS
+    from vtllm.kernels.cuda._gemm_mma import BLOCK_GROUPS, GEMM_ABOVE, GEMM_MIN_BLOCKS
     from vtllm.kernels.cuda.matmul import DeviceWeight
 
     n, k = ROWS, 32

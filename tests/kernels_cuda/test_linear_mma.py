@@ -10,8 +10,7 @@ from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_we
 from vtllm.kernels import QType
 from vtllm.kernels.cpu.quant import dequantize, quantize
 from vtllm.kernels.cuda import rms_norm
-from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
-from vtllm.kernels.cuda.linear_mma import (
+from vtllm.kernels.cuda._linear_mma import (
     PREPACK_ABOVE,
     TOKENS,
     UNROLL,
@@ -22,6 +21,7 @@ from vtllm.kernels.cuda.linear_mma import (
     packed_shape,
     x_scratch_words,
 )
+from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
 from vtllm.kernels.reference import linear_ref
 
 pytestmark = pytest.mark.cudasim

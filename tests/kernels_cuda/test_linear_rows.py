@@ -9,10 +9,9 @@ import pytest
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
 from tests.kernels_cuda.test_linear_mma import check_close, rounded_to_bf16
 from vtllm.kernels import QType
-from vtllm.kernels.cuda import linear_rows as linear_rows_module
+from vtllm.kernels.cuda import _linear_rows as linear_rows_module
 from vtllm.kernels.cuda import matmul as cuda_model
-from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
-from vtllm.kernels.cuda.linear_mma import (
+from vtllm.kernels.cuda._linear_mma import (
     UNROLL,
     WARPS,
     WIDE_WARPS,
@@ -21,7 +20,7 @@ from vtllm.kernels.cuda.linear_mma import (
     split_x,
     x_scratch_words,
 )
-from vtllm.kernels.cuda.linear_rows import (
+from vtllm.kernels.cuda._linear_rows import (
     MIN_BLOCKS,
     ROWS,
     TOKENS,
@@ -30,6 +29,7 @@ from vtllm.kernels.cuda.linear_rows import (
     row_tiles_for,
     rows_pay,
 )
+from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
 from vtllm.kernels.cuda.matmul import DeviceWeight
 
 pytestmark = pytest.mark.cudasim

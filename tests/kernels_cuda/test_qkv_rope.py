@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
-from vtllm.kernels.cuda.qkv_rope import qkv_rope
+from vtllm.kernels.cuda.attention import qkv_rope
 from vtllm.kernels.reference import rms_norm_ref, rotary_ref, write_kv_ref
 from vtllm.models.synthetic import to_bf16_bits
 

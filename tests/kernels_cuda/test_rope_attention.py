@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
-from vtllm.kernels.cuda import attention_ring, attention_split, paged_attention
-from vtllm.kernels.cuda.attention_split import fuses_rope, make_scratch, rope_attention
-from vtllm.kernels.cuda.qkv_rope import qkv_rope
+from vtllm.kernels.cuda import _attention_ring as attention_ring
+from vtllm.kernels.cuda import _attention_split as attention_split
+from vtllm.kernels.cuda import paged_attention
+from vtllm.kernels.cuda.attention import fuses_rope, make_scratch, qkv_rope, rope_attention
 from vtllm.models.synthetic import to_bf16_bits
 
 pytestmark = pytest.mark.cudasim

@@ -2,16 +2,16 @@
 
 from vtllm.errors import InvalidParameter
 from vtllm.kernels.cuda import KV_DTYPES, WGMMA
-from vtllm.kernels.cuda.attention_split import SPLIT
+from vtllm.kernels.cuda.attention import scratch_row_bytes
 
 # how x enters the products with bf16 W on the tensor cores: split into two bf16 (about
-# float32's precision) or rounded to one (half the mmas; kernels/cuda/linear_mma.py)
+# float32's precision) or rounded to one (half the mmas; kernels/cuda/_linear_mma.py)
 MATMUL_INPUT_DTYPES = ("float32", "bfloat16")
 
 # A step's leading rows whose attention goes through the decode kernels, which spread each
 # row's keys over blocks, when VT_CUDA_SPLIT_ATTENTION_ROWS is 0: enough for a serving step's
 # prompt chunk beside its decodes, so that the prompt's rows do not queue in the prefill
-# kernel after the decodes (attention_ring.split_attention; BENCHMARKS.md, GPU serving), as
+# kernel after the decodes (kernels/cuda/attention.paged_attention; BENCHMARKS.md, GPU serving), as
 # long as the scratch for their split states, which grows with max_model_len, stays under
 # SPLIT_SCRATCH_BYTES.
 SPLIT_ROWS = 256
@@ -24,7 +24,7 @@ def attention_split_rows(
     """The decode kernels' rows: every decode row (max_num_seqs) and, up to the step's size,
     the knob's rows, or with knob 0 up to SPLIT_ROWS that fit in SPLIT_SCRATCH_BYTES."""
     if knob == 0:
-        row_bytes = 4 * config.num_heads * -(-max_positions // SPLIT) * (config.head_dim + 2)
+        row_bytes = scratch_row_bytes(config.num_heads, config.head_dim, max_positions)
         knob = min(SPLIT_ROWS, SPLIT_SCRATCH_BYTES // row_bytes)
     return min(max_tokens, max(max_num_seqs, knob))
 

@@ -4,7 +4,8 @@ static buffers. Hot path: keep it lean.
 Every buffer is allocated once, at bind time, at the largest step (the arena), and a step uses
 leading views of them, so a step can be captured into a CUDA graph and replayed: nothing
 allocates, every pointer stays put. Weights are uploaded once (kernels/cuda/matmul: q/k/v and
-gate/up fused, bf16 matrices packed for the tensor cores).
+gate/up fused, bf16 matrices packed for the tensor cores). Which kernel runs for which step is
+the kernel modules' choice (kernels/cuda/matmul, kernels/cuda/attention).
 
 Per step (`embed`), the ops pick their fused paths from the step's size; each gives the bits of
 the unfused ops:
@@ -15,10 +16,8 @@ the unfused ops:
   a folded linear sums the row itself, a latency that only pays where it replaces a kernel
   boundary at one token: with more tokens, and for the lm_head's thousands of blocks, each
   block repeating the row's sum costs more than the separate norm kernel.
-- Steps of ROPE_TOKENS tokens have one token per sequence whatever they are (a captured graph
-  serves decode, prefill and mixed steps of its size alike), so attention makes its own q and
-  new key (attention_split.rope_attention): q/k norm, rotary, the KV write and attention in
-  one kernel. Other steps run qkv_rope (the same first three in one kernel), then attention.
+- Attention takes the fused projection: q/k norm, rotary, the KV write and attention, in one
+  kernel for one-token steps, else in two (kernels/cuda/attention.qkv_attention chooses).
 - A gate/up linear writes silu(gate) * up from its epilogue where its kernel has one.
 """
 
@@ -28,7 +27,7 @@ import numpy as np
 from numba import cuda
 
 from vtllm.kernels import cuda as kernels
-from vtllm.kernels.cuda.attention_split import fuses_rope, make_scratch, rope_attention
+from vtllm.kernels.cuda.attention import make_scratch, qkv_attention
 from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
 from vtllm.kernels.cuda.matmul import (
     DeviceWeight,
@@ -36,13 +35,11 @@ from vtllm.kernels.cuda.matmul import (
     upload_matrix,
     x_scratch_words,
 )
-from vtllm.kernels.cuda.qkv_rope import qkv_rope
 from vtllm.models.config import ModelConfig
 from vtllm.models.ops import Hidden, KVCache, StepInputs
 from vtllm.models.weights import ModelWeights, Weight, concat_rows
 
 FOLD_TOKENS = 1  # steps of up to this many tokens fold the layers' norms in (the docstring)
-ROPE_TOKENS = 1  # steps of up to this many tokens rotate inside attention (the docstring)
 
 
 @dataclass(slots=True)
@@ -104,7 +101,6 @@ class CudaOps:
         self.x_bf16, self.wgmma, self.flash_prefill = x_bf16, wgmma, flash_prefill
         self.eps = config.rms_norm_eps
         self.scale = float(config.head_dim) ** -0.5
-        self.rope_fusable = fuses_rope(config.num_heads, config.num_kv_heads, config.head_dim)
         self.foldable = False
         self.kv_k = self.kv_v = None
         c, n = config, max_tokens
@@ -131,7 +127,7 @@ class CudaOps:
         self.attn_scratch = make_scratch(
             max_decode_rows, c.num_heads, c.head_dim, max_positions, stream=stream
         )
-        self.T, self.fold, self.rope = 0, False, False
+        self.T, self.fold = 0, False
 
     # -- binding --------------------------------------------------------------------------
     def bind(self, weights: ModelWeights, cos_sin) -> DeviceModel:
@@ -195,7 +191,6 @@ class CudaOps:
     def embed(self, weight: DeviceWeight, step: StepInputs) -> Hidden:
         T = self.T = step.token_slots.shape[0]
         self.fold = self.foldable and T <= FOLD_TOKENS
-        self.rope = self.rope_fusable and T <= ROPE_TOKENS
         s, ids, residual = self.stream, self.input_ids[:T], self.residual[:T]
         gather_tokens(self.mirror, step.token_slots, step.positions, ids, stream=s)
         kernels.embedding(ids, weight.data, weight.qtype, residual, stream=s)
@@ -225,49 +220,28 @@ class CudaOps:
         return out
 
     def attention(self, qkv, q_norm, k_norm, layer: int, step: StepInputs):
-        T, s = self.T, self.stream
+        T = self.T
         attn = self.attn[:T]
-        norms = {"q_norm": q_norm, "k_norm": k_norm}
-        kv = (self.kv_k[layer], self.kv_v[layer])
-        meta = (step.block_tables, step.seq_lens, step.query_start_loc)
-        if self.rope:  # q/k norm, rotation and the KV write in attention's blocks
-            rope_attention(
-                qkv,
-                *kv,
-                step.slot_mapping,
-                step.positions,
-                self.cos_sin,
-                self.eps,
-                *meta,
-                self.scale,
-                attn,
-                self.attn_scratch,
-                **norms,
-                stream=s,
-            )
-        else:
-            q = self.q[:T]
-            qkv_rope(
-                qkv,
-                q,
-                *kv,
-                step.slot_mapping,
-                step.positions,
-                self.cos_sin,
-                self.eps,
-                **norms,
-                stream=s,
-            )
-            kernels.paged_attention(
-                q,
-                *kv,
-                *meta,
-                self.scale,
-                attn,
-                scratch=self.attn_scratch,
-                flash=self.flash_prefill,
-                stream=s,
-            )
+        qkv_attention(
+            qkv,
+            self.q[:T],
+            self.kv_k[layer],
+            self.kv_v[layer],
+            step.slot_mapping,
+            step.positions,
+            self.cos_sin,
+            self.eps,
+            step.block_tables,
+            step.seq_lens,
+            step.query_start_loc,
+            self.scale,
+            attn,
+            self.attn_scratch,
+            q_norm=q_norm,
+            k_norm=k_norm,
+            flash=self.flash_prefill,
+            stream=self.stream,
+        )
         return attn.reshape(T, self.config.q_size)
 
     def add_linear(self, x, weight: DeviceWeight, h: Hidden) -> None:

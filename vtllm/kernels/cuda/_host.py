@@ -1,17 +1,29 @@
-"""Launcher-side checks shared by the CUDA ops: device arrays only (a host array would be copied
-to the device and back on every launch), dtype, rank, shape, C-contiguity. They read only
-metadata, never device memory, so they never synchronize and work inside graph capture."""
+"""Host-side helpers of the CUDA launchers.
+
+Checks: device arrays only (a host array would be copied to the device and back on every
+launch), dtype, rank, shape, C-contiguity. They read only metadata, never device memory, so
+they never synchronize and work inside graph capture.
+
+allow_dynamic_shared: a kernel may use up to 227 KB of shared memory a block on sm_90, but the
+driver refuses a launch asking for more than 48 KB of dynamic shared memory unless the
+function's MAX_DYNAMIC_SHARED_SIZE_BYTES attribute was raised first, and numba's launcher does
+not do it. allow_dynamic_shared compiles the kernel for the launch's argument types (numba
+would on the launch anyway) and raises the attribute once per compiled function, before its
+first launch. The simulator has no such limit.
+"""
 
 import numpy as np
 from numba import cuda
 
 from vtllm.kernels import BLOCK_BYTES, QK, QType
+from vtllm.kernels.cuda._device import SIMULATOR
 
 _WEIGHT_DTYPES = {QType.F32: np.float32, QType.F16: np.float16, QType.BF16: np.uint16}
 # what the kernels read: float weights as integer bits, quantized ones as bytes
 _KERNEL_VIEW = {QType.F32: np.uint32, QType.F16: np.uint16, QType.BF16: np.uint16}
 
 _empty_cache: dict = {}
+_raised: set = set()  # allow_dynamic_shared's (kernel, layout, context, bytes) done
 
 
 def is_device_array(a) -> bool:
@@ -75,3 +87,24 @@ def placeholder(dtype, ndim: int = 1):
 
 def grid_blocks(n: int, per_block: int) -> int:
     return max(1, -(-n // per_block))
+
+
+def allow_dynamic_shared(kernel, args, nbytes: int) -> None:
+    """Lets kernel (a @cuda.jit dispatcher) launch with nbytes of dynamic shared memory."""
+    if SIMULATOR or nbytes <= 48 * 1024:
+        return
+    # cheap key first: a launch that repeats a known argument layout costs no typing
+    layout = tuple((getattr(a, "dtype", type(a)), getattr(a, "ndim", 0)) for a in args)
+    key = (id(kernel), layout, id(cuda.current_context()), nbytes)
+    if key in _raised:
+        return
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    cufunc = compiled._codelibrary.get_cufunc()  # the function bound to the current context
+    from numba.cuda.cudadrv.driver import binding, driver  # raises on a failed call
+
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    if hasattr(cufunc, "kernel"):  # loaded as a library: the handle is a CUkernel
+        driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, cufunc.device.id)
+    else:
+        driver.cuFuncSetAttribute(cufunc.handle, attr, nbytes)
+    _raised.add(key)

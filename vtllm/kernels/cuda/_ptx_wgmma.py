@@ -10,7 +10,7 @@ several and waits for them later.
       float32 local array of n / 2 accumulators (registers once the kernel's loops are
       unrolled). A from registers: warp w of the warpgroup holds rows 16 w .. 16 w + 15 as the
       A fragments of mma.m16n8k16 (_ptx.mma_bf16's a0 .. a3), so a tile packed by
-      linear_mma.pack_bf16 feeds it as it is. B from the uint32 shared array s at word i, named
+      _linear_mma.pack_bf16 feeds it as it is. B from the uint32 shared array s at word i, named
       by desc = b_descriptor(s, 0) + i // 4 (i a multiple of 4: a descriptor counts 16-byte
       units, so a kernel makes the base one once and adds to it; s itself is read only by
       the simulator's stand-in), laid out so: token n's 16 k

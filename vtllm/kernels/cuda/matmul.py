@@ -2,18 +2,22 @@
 on the device. Hot path: keep it lean.
 
 A bf16 matrix with 16-aligned sides goes to the tensor cores, packed once at upload into mma
-fragment order (linear_mma.pack_bf16); every other storage type keeps the GEMV kernel of its
+fragment order (_linear_mma.pack_bf16); every other storage type keeps the GEMV kernel of its
 QType (linear). A packed gate/up matrix has its rows interleaved in runs of 8
 (activation.tile_interleave), so that each 16-row tile holds 8 gate rows and their 8 up rows:
-decode steps then get silu(gate) * up straight from the linear's epilogue (linear_mma and
-linear_rows swiglu), and prefill steps (gemm_mma) from silu_and_mul over that layout, with the
+decode steps then get silu(gate) * up straight from the linear's epilogue (_linear_mma and
+_linear_rows swiglu), and prefill steps (_gemm_mma) from silu_and_mul over that layout, with the
 same bits.
 
 Among the packed kernels every route gives the same bits, so a token's row never depends on
-the size of its step: steps that gemm_pays for go to gemm_mma (gemm_wgmma where the weight
-asks for it), batched-decode steps that rows_pay for to linear_rows, the rest to linear_mma.
+the size of its step: steps that gemm_pays for go to _gemm_mma (_gemm_wgmma where the weight
+asks for it), batched-decode steps that rows_pay for to _linear_rows, the rest to _linear_mma.
 The fused epilogues (a norm folded into the loads, the product added into the residual
-stream) exist in linear_mma only, for one-token steps.
+stream) exist in _linear_mma only, for one-token steps.
+
+WGMMA: Hopper's warpgroup GEMM (_gemm_wgmma) is available; it runs only for weights uploaded
+with wgmma (opt-in, VT_CUDA_PREFILL_GEMM=wgmma), never by default. linear: the GEMV kernels of
+every QType on their own (what unpacked weights take).
 """
 
 from dataclasses import dataclass
@@ -22,11 +26,10 @@ import numpy as np
 from numba import cuda
 
 from vtllm.kernels import QType
-from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
-from vtllm.kernels.cuda.gemm_mma import gemm_mma, gemm_pays
-from vtllm.kernels.cuda.gemm_wgmma import gemm_wgmma, round_x
-from vtllm.kernels.cuda.linear import linear
-from vtllm.kernels.cuda.linear_mma import (
+from vtllm.kernels.cuda._gemm_mma import gemm_mma, gemm_pays
+from vtllm.kernels.cuda._gemm_wgmma import gemm_wgmma, round_x
+from vtllm.kernels.cuda._linear import linear
+from vtllm.kernels.cuda._linear_mma import (
     PREPACK_ABOVE,
     linear_mma,
     pack_bf16,
@@ -34,9 +37,18 @@ from vtllm.kernels.cuda.linear_mma import (
     split_x,
     x_scratch_words,
 )
-from vtllm.kernels.cuda.linear_rows import linear_rows, rows_pay
+from vtllm.kernels.cuda._linear_rows import linear_rows, rows_pay
+from vtllm.kernels.cuda._ptx_wgmma import WGMMA
+from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
 
-__all__ = ["DeviceWeight", "for_tensor_cores", "upload_matrix", "x_scratch_words"]
+__all__ = [
+    "WGMMA",
+    "DeviceWeight",
+    "for_tensor_cores",
+    "linear",
+    "upload_matrix",
+    "x_scratch_words",
+]
 
 
 @dataclass(slots=True)
@@ -44,10 +56,10 @@ class DeviceWeight:
     data: object  # device array, layout per QType, or a PackedBF16 for the tensor cores
     qtype: int
     packed: bool = False  # bf16 in mma fragment order (kernels/cuda/linear_mma)
-    wgmma: bool = False  # packed with x_bf16, on Hopper: long steps take gemm_wgmma
+    wgmma: bool = False  # packed with x_bf16, on Hopper: long steps take _gemm_wgmma
 
     def matmul(self, x, out, *, bias=None, x_scratch=None, act=None, stream=0) -> None:
-        """out = x @ W.T (+ bias); x_scratch: see linear_mma. act: W is a gate/up matrix and
+        """out = x @ W.T (+ bias); x_scratch: see _linear_mma. act: W is a gate/up matrix and
         act [M, N / 2] gets silu(gate) * up, from the linear's epilogue where its kernel has
         one (out then unused), else by silu_and_mul over out (same bits)."""
         m, n = x.shape[0], out.shape[1]
@@ -85,7 +97,7 @@ class DeviceWeight:
     def matmul_folded(
         self, x, out, *, bias=None, norm_weight=None, eps=0.0, accumulate=False, act=None, stream=0
     ) -> None:
-        """A one-token step's fused epilogues (packed W only, linear_mma): with norm_weight, x
+        """A one-token step's fused epilogues (packed W only, _linear_mma): with norm_weight, x
         is the residual stream and the product is of rms_norm(x, norm_weight, eps); with
         accumulate, out += the product (the residual add). act: as in matmul."""
         swiglu = act is not None
@@ -119,8 +131,8 @@ def upload_matrix(
     """W on the device as matmul takes it: bf16 matrices with 16-aligned shapes packed for the
     tensor cores (the raw upload is freed), a fused gate/up one with its rows interleaved in
     runs of 8 first (the module docstring); every other type as stored. x_bf16: packed
-    matrices multiply x rounded to bf16 (linear_mma.PackedBF16); wgmma (with x_bf16): their
-    long steps take gemm_wgmma."""
+    matrices multiply x rounded to bf16 (_linear_mma.PackedBF16); wgmma (with x_bf16): their
+    long steps take _gemm_wgmma."""
     if not for_tensor_cores(qtype, shape):
         return DeviceWeight(cuda.to_device(np.ascontiguousarray(data), stream=stream), qtype)
     if gate_up:

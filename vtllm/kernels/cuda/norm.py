@@ -11,7 +11,7 @@ be x without any barrier in between. The block size is a compile-time constant: 
 to the row at launch, with the stride read from blockDim, is slower.
 
 row_inv_rms is the same sum for a kernel that folds the norm into its own loads (the decode
-linear, linear_mma's norm_weight): the same float operations in the same order, so the values
+linear, _linear_mma's norm_weight): the same float operations in the same order, so the values
 it scales are bitwise those rms_norm writes.
 """
 

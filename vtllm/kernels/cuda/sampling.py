@@ -3,7 +3,7 @@ path: keep it lean, put features in helpers.
 
 Per row, one block, writing the token into out_tokens and the device mirror (token_ids[slot,
 position], num_tokens[slot]) so sampled ids never leave the device until the host wants them:
-  1. sampling_adjust: logit bias, min_tokens stop masks, repetition / frequency / presence
+  1. _sampling_adjust: logit bias, min_tokens stop masks, repetition / frequency / presence
      penalties from the mirror history, in float64, for the rows that ask (into scratch);
   2. greedy (temperature < GREEDY_EPS): argmax, ties to the lowest id. The row's max and its
      lowest id come from PARTS blocks a row (`_argmax_parts_kernel`, one slice of the
@@ -13,7 +13,7 @@ position], num_tokens[slot]) so sampled ids never leave the device until the hos
      uniform u = splitmix64(seed, position). With no filter: the first id, in vocabulary
      order, whose running sum of e exceeds u * sum(e) (each thread sums a contiguous chunk;
      chunk sums are added in chunk order). With min_p / top_k / top_p: min_p zeroes e below
-     min_p (e is p / p_max), then sampling_select cuts the row in sampling order (descending
+     min_p (e is p / p_max), then _sampling_select cuts the row in sampling order (descending
      e, ties by lower id) at the k-th token, then where the mass reaches top_p of what is
      kept, then draws where it exceeds u times what is left;
   4. logprobs (optional): of the raw logits, as the CPU (logprobs.py).
@@ -30,14 +30,14 @@ from numba import cuda, float64, int32, int64
 from vtllm.kernels.cuda._device import MAX_WARPS, SIMULATOR, block_argmax, block_sum, imin, uniform
 from vtllm.kernels.cuda._host import check
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
+from vtllm.kernels.cuda._sampling_adjust import adjusted, apply_token_masks, launch_adjust
+from vtllm.kernels.cuda._sampling_select import ABOVE, AT_LEAST, COUNT, MAX_VOCAB, NBINS, select
 from vtllm.kernels.cuda.logprobs import (
     LogprobsOut,
     check_logprobs_out,
     launch_sample_logprobs,
     prob,
 )
-from vtllm.kernels.cuda.sampling_adjust import adjusted, apply_token_masks, launch_adjust
-from vtllm.kernels.cuda.sampling_select import ABOVE, AT_LEAST, COUNT, MAX_VOCAB, NBINS, select
 from vtllm.kernels.sampling_table import GREEDY_EPS, TABLE_LAYOUT, SamplingTable
 
 __all__ = ["SamplerScratch", "apply_token_masks", "device_table", "sample"]

@@ -1,7 +1,7 @@
-"""out = x @ W.T (+ bias) for steps of many tokens: linear_mma's products and sums, bit for bit,
+"""out = x @ W.T (+ bias) for steps of many tokens: _linear_mma's products and sums, bit for bit,
 with the operands shared through shared memory. Hot path: keep it lean.
 
-linear_mma gives each block one 16-row tile of W and 32 tokens and reads every fragment
+_linear_mma gives each block one 16-row tile of W and 32 tokens and reads every fragment
 straight from global memory (L2), so prefill there is bound by L2, far from the tensor cores.
 Here a block owns BLOCK_TILES tiles of W (16 rows each) x BLOCK_GROUPS groups of 8 tokens; it
 copies their K tiles (both already in fragment order: W packed by pack_bf16, x split by
@@ -12,14 +12,14 @@ A warp loads the fragments of the next K tile before it runs this one's mmas (tw
 buffers), and the block meets at a barrier once per stage, so the tensor cores are fed while
 the loads are in flight.
 
-Bits: linear_mma's slice v (of S = w.slices) sums the K tiles v, v + S, v + 2 S, .. in order
+Bits: _linear_mma's slice v (of S = w.slices) sums the K tiles v, v + S, v + 2 S, .. in order
 (each as c = mma(A, hi, c); c = mma(A, lo, c), from c = +0; the first only for W packed with
 x_bf16), then the slices' sums are added in slice order, then the bias. This kernel walks the
 K tiles in that order, residue class after residue class, each class into fresh register
 accumulators p (from +0) that are then folded into the running total, kept in shared memory
 (total = p for the first class, total + p after): the same mma on the same fragments and the
 same float additions, so the same bits for every token, whatever M and whichever kernel runs
-the step. linear_mma's zero tiles padding K only add exact zeros: skipped here. The total
+the step. _linear_mma's zero tiles padding K only add exact zeros: skipped here. The total
 stays in shared memory, not in registers next to p, so that the registers have room for the
 two fragment buffers that let the loads run ahead of the mmas.
 """
@@ -28,6 +28,13 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
+from vtllm.kernels.cuda._host import allow_dynamic_shared
+from vtllm.kernels.cuda._linear_mma import (
+    TILE_WORDS,
+    X_BF16_TILE_WORDS,
+    PackedBF16,
+    check_split_step,
+)
 from vtllm.kernels.cuda._ptx import (
     copy_async_commit,
     copy_async_waiter,
@@ -35,13 +42,6 @@ from vtllm.kernels.cuda._ptx import (
     mma_bf16,
 )
 from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x2, shared_u32x4
-from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
-from vtllm.kernels.cuda.linear_mma import (
-    TILE_WORDS,
-    X_BF16_TILE_WORDS,
-    PackedBF16,
-    check_split_step,
-)
 
 # A warp's sub-tile: WT_M tiles of W (16 rows each) x WT_N groups of 8 tokens, 64 x 32 on the
 # GPU: 16 accumulator quads (64 registers) and 32 mma pairs per 8 fragment loads (4 KB of
@@ -95,9 +95,9 @@ def _layout(x_bf16: bool) -> dict:
     }
 
 
-# DeviceWeight.matmul takes this kernel over linear_mma from GEMM_ABOVE tokens, and only when
+# DeviceWeight.matmul takes this kernel over _linear_mma from GEMM_ABOVE tokens, and only when
 # the step has GEMM_MIN_BLOCKS block tiles or more: one block fills an SM and walks all of K,
-# so a small grid leaves SMs idle while linear_mma, whose warps split K, keeps them all busy.
+# so a small grid leaves SMs idle while _linear_mma, whose warps split K, keeps them all busy.
 # The thresholds come from timing both kernels over the 8B and 0.6B shapes
 # (bench/gpu_linear.py --gemm; BENCHMARKS.md, Kernels) with x split into hi + lo;
 # x_bf16's two blocks an SM may move the line.
@@ -143,7 +143,7 @@ def _fragments(ops, at, wm, wn, lane, fa, fb, buf, x_words):
 @cuda.jit(device=True)
 def _mmas(fa, fb, buf, p, x_bf16):
     """p += the warp's sub-tile of one K tile from register buffer buf: per A tile and x
-    group, c = mma(A, hi, c); c = mma(A, lo, c), as linear_mma (the first only, x_bf16)."""
+    group, c = mma(A, hi, c); c = mma(A, lo, c), as _linear_mma (the first only, x_bf16)."""
     for j in range(WT_N):
         e = buf * B_FRAGS + 4 * j
         h0, h1, l0, l1 = fb[e], fb[e + 1], fb[e + 2], fb[e + 3]
@@ -159,7 +159,7 @@ def _mmas(fa, fb, buf, p, x_bf16):
 
 @cuda.jit(device=True)
 def _fold(sums, p, tid, first, sums_at):
-    """A residue class is complete: total = p (first class) or total + p, in linear_mma's
+    """A residue class is complete: total = p (first class) or total + p, in _linear_mma's
     slice order; p restarts from +0. Each thread owns its totals (no barrier needed)."""
     for e in range(ACCS):
         at = sums_at + e * THREADS + tid
@@ -266,7 +266,7 @@ def _gemm_kernel(x_bf16):
             if 2 * s + 1 < ktiles:
                 _mmas(fa, fb, 1, p, x_bf16)
                 kt, r = _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at)
-        # linear_mma's idle warps add +0 when there are fewer K tiles than slices (turns -0 to +0)
+        # _linear_mma's idle warps add +0 when there are fewer K tiles than slices (turns -0 to +0)
         zero_fix = ktiles < residues
 
         g, t = lane // 4, lane % 4
@@ -291,7 +291,7 @@ _KERNELS = {x_bf16: _gemm_kernel(x_bf16) for x_bf16 in (False, True)}
 
 
 def gemm_pays(m: int, n: int) -> bool:
-    """Whether a step of m tokens through W [n, K] should run here rather than in linear_mma."""
+    """Whether a step of m tokens through W [n, K] should run here rather than in _linear_mma."""
     blocks = -(-m // (8 * BLOCK_GROUPS)) * -(-(n // 16) // BLOCK_TILES)
     return m >= GEMM_ABOVE and blocks >= GEMM_MIN_BLOCKS
 

@@ -11,7 +11,7 @@ end. A block whose rows of x are a single one (decode at batch 1) runs a one-row
       32-weight block, each decoding 8 weights, so a warp covers 8 consecutive blocks and its
       x reads are contiguous.
 W is read once per MT rows of x: fine for decode batches, slow for prefill; bf16 weights
-take the tensor-core path instead (linear_mma, gemm_mma). Rows past N or M are computed on
+take the tensor-core path instead (_linear_mma, _gemm_mma). Rows past N or M are computed on
 clamped indices and dropped, so every warp takes part in the reduction.
 """
 

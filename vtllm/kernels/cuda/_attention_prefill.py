@@ -1,8 +1,8 @@
-"""Causal attention of a prefill step over the paged KV cache: attention_split's bits, with one
+"""Causal attention of a prefill step over the paged KV cache: _attention_split's bits, with one
 load of each key split shared by a tile of ROWS (token, query head) rows and register tiles in
 both products. Hot path: keep it lean.
 
-attention_split's decode kernel gives a block one token and one kv head; a prefill of n tokens
+_attention_split's decode kernel gives a block one token and one kv head; a prefill of n tokens
 through it loads every split of K and V n times. Here a block owns one kv head and ROWS // G
 consecutive tokens (G = Hq / Hk), so up to ROWS rows; the tokens of the tile that belong to one
 sequence (a run) go through each split of SPLIT keys together, in three phases:
@@ -20,7 +20,7 @@ sequence (a run) go through each split of SPLIT keys together, in three phases:
      each V load serving V_ROWS rows, folded into running states held in registers.
 Per row and key, and per row and column, every sum runs in the decode kernel's order (its
 _score: four partial sums over dims in order; its _weighted_columns: keys in order), and a
-row's splits are folded in order as attention_split._fold folds them (_fold_weights and
+row's splits are folded in order as _attention_split._fold folds them (_fold_weights and
 _fold_acc, whose two-product sums are pinned with fma32). A row whose causal window ends
 before a split has no key in it: its state is empty (max -inf), and folding an empty state
 returns the running one unchanged; keys loaded for a longer row of the run only add p = 0
@@ -32,12 +32,12 @@ long blocks do not start in the last wave. The working set (K, V, queries, score
 is dynamic shared memory: two blocks of 8 warps share an SM.
 
 Limits (bench/gpu_attention.py --prefill; BENCHMARKS.md, Kernels): far slower than a
-tensor-core attention (attention_flash, or torch's SDPA), since it computes in float32 on
+tensor-core attention (_attention_flash, or torch's SDPA), since it computes in float32 on
 CUDA cores to keep the decode kernel's bits. A long prompt's tiles make about one wave whose
 work grows with the tile (the last tokens see the most keys), so many SMs idle at its end,
 and the busy ones wait on shared memory. The critical path is the heaviest tile's splits one
 after another; splitting its keys over blocks needs their states folded in order
-(attention_split._fold), i.e. the decode path's scratch.
+(_attention_split._fold), i.e. the decode path's scratch.
 """
 
 import math
@@ -45,20 +45,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from vtllm.kernels.cuda._device import (
-    NEG_INF,
-    SIMULATOR,
-    fmax,
-    imin,
-    octet_max4,
-    octet_sum4,
-    warp_max,
-)
-from vtllm.kernels.cuda._ptx import grid_dependency_sync
-from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4
-from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
-from vtllm.kernels.cuda.attention import _sequence_of
-from vtllm.kernels.cuda.attention_split import (
+from vtllm.kernels.cuda._attention_common import (
     KEEP_FIRST,
     MAX_DIM,
     MAX_GROUP,
@@ -68,9 +55,22 @@ from vtllm.kernels.cuda.attention_split import (
     TAKE_SECOND,
     _fold_acc,
     _fold_weights,
+    _sequence_of,
     block_shift,
     split_loader,
 )
+from vtllm.kernels.cuda._device import (
+    NEG_INF,
+    SIMULATOR,
+    fmax,
+    imin,
+    octet_max4,
+    octet_sum4,
+    warp_max,
+)
+from vtllm.kernels.cuda._host import allow_dynamic_shared
+from vtllm.kernels.cuda._ptx import grid_dependency_sync
+from vtllm.kernels.cuda._ptx_shared import shared_f32x4
 
 WARPS = 2 if SIMULATOR else 8
 THREADS = 32 * WARPS
@@ -150,7 +150,7 @@ def _scores(smem, r0, kg, D, sc):
             for c in range(4):
                 sc[i, u, c] = 0.0
     q_at, k_at = Q_AT + r0 * ROW, K_AT + kg * ROW
-    if D % 32 == 0:  # the inner loop unrolls with constant offsets (attention_split._score)
+    if D % 32 == 0:  # the inner loop unrolls with constant offsets (_attention_split._score)
         for d0 in range(0, D, 32):
             for t in range(8):
                 _score_step(smem, q_at, k_at, d0 + 4 * t, sc)
@@ -344,7 +344,7 @@ def prefill_attention(
     stream=0,
 ) -> None:
     """As attention.paged_attention, whose launcher has checked the arguments (and that
-    attention_split supports the shape), for rows first_token on (the rows before it are left
+    _attention_split supports the shape), for rows first_token on (the rows before it are left
     to another kernel)."""
     T, Hq, _ = q.shape
     if T <= first_token:

@@ -1,5 +1,5 @@
 """out = x @ W.T (+ bias) for prefill steps on Hopper's warpgroup tensor cores (wgmma), for W
-packed by pack_bf16 with x_bf16: gemm_mma's products in gemm_mma's order. Hot path: keep it lean.
+packed by pack_bf16 with x_bf16: _gemm_mma's products in _gemm_mma's order. Hot path: keep it lean.
 
 A block owns BLOCK_TILES tiles of W (16 rows each) and TOKENS tokens. Its WARPGROUPS
 warpgroups each multiply 64 rows of W by all the tokens, one wgmma of m64 n TOKENS k16 per K
@@ -19,25 +19,26 @@ fragments (the stage body is one inlined function, called with either set; ptxas
 guard this itself); (3) a class starts with scale-d 0 (the wgmma ignores p) rather than p
 zeroed by moves: less code in the loop.
 
-Bits: linear_mma's order (see gemm_mma): K tiles residue class by residue class (tiles r, r + S,
+Bits: _linear_mma's order (see _gemm_mma): K tiles residue class by residue class (tiles r, r + S,
 .. for S = w.slices), each class summed from +0 into fresh accumulators p, folded into the
 running totals (registers here) in class order, then the bias. Each K tile is one k16 step
 c = A @ B + c, as mma.m16n8k16 does it; that the two instructions round alike is checked on
-the GPU (tests/kernels_cuda/test_gemm_wgmma.py compares the bits with linear_mma's), not
+the GPU (tests/kernels_cuda/test_gemm_wgmma.py compares the bits with _linear_mma's), not
 assumed. A class's first step here ignores p (scale-d 0) instead of adding +0: the same sum,
 except that a zero may come out -0 where +0 + -0 gives +0; the first class's fold adds +0,
-and later folds add to a total that is never -0, so the totals' bits are linear_mma's.
+and later folds add to a total that is never -0, so the totals' bits are _linear_mma's.
 
-The model takes it where asked (VT_CUDA_PREFILL_GEMM=wgmma; DeviceWeight.matmul), not by
-default: gemm_mma stays the default prefill GEMM unless this kernel is shown faster on the
-prefill shapes (BENCHMARKS.md, Kernels).
+Opt-in, not the default: the model takes it where asked (VT_CUDA_PREFILL_GEMM=wgmma, on sm_90
+with matmul_input_dtype bfloat16; matmul.DeviceWeight.matmul). _gemm_mma stays the default
+prefill GEMM unless this kernel is shown faster on the prefill shapes (BENCHMARKS.md, Kernels).
 """
 
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
-from vtllm.kernels.cuda._host import aligned, check, placeholder
+from vtllm.kernels.cuda._host import aligned, allow_dynamic_shared, check, placeholder
+from vtllm.kernels.cuda._linear_mma import TILE_WORDS, PackedBF16, packed_shape
 from vtllm.kernels.cuda._ptx import (
     copy_async_commit,
     copy_async_waiter,
@@ -56,8 +57,6 @@ from vtllm.kernels.cuda._ptx_wgmma import (
     wgmma_settler,
     wgmma_waiter,
 )
-from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
-from vtllm.kernels.cuda.linear_mma import TILE_WORDS, PackedBF16, packed_shape
 
 # GPU: 2 warpgroups x 64 rows of W, 128 tokens: 64 accumulators and 64 running totals a
 # thread. A K tile in shared memory: 8 KB (W's 8 row tiles, then x's 128 tokens); a stage 4 of
@@ -181,7 +180,7 @@ def _stage(
             if kt >= ktiles:  # class r is complete: fold it; the next wgmma starts afresh
                 wgmma_commit()
                 _settle(p)
-                for e in range(ACCS):  # (+ 0: linear_mma sums a class from +0)
+                for e in range(ACCS):  # (+ 0: _linear_mma sums a class from +0)
                     total[e] = p[e] + np.float32(0.0) if r == 0 else total[e] + p[e]
                 fresh = 1
                 wgmma_fence()
@@ -287,7 +286,7 @@ def _gemm_kernel(xw, kwords, packed, wwords, bias, has_bias, out, slices):
                 residues,
             )
     _settle(p)  # all complete already (the last class was settled); said for ptxas: (1)
-    # linear_mma's idle warps add +0 when there are fewer K tiles than slices (-0 to +0)
+    # _linear_mma's idle warps add +0 when there are fewer K tiles than slices (-0 to +0)
     zero_fix = ktiles < residues
 
     # the totals go through shared memory (the stages are free once every warpgroup is past

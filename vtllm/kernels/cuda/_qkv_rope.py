@@ -5,6 +5,9 @@ model has q/k norms (Qwen3), rotated (NeoX / rotate_half layout, the partner val
 shared memory), then written where attention reads them: q into a [T, Hq, D] buffer, k and the
 head's v straight into the paged cache at slot_mapping[t]. It replaces split_qkv, two rms_norm,
 rotary and write_kv launches per layer: five graph nodes become one.
+
+_rope_head does the same work for one head held by a warp, in registers, with the same sums:
+the fused attention kernels (rope_attention of _attention_split and _attention_ring) call it.
 """
 
 import math
@@ -12,7 +15,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from vtllm.kernels.cuda._device import MAX_WARPS, block_sum, fma32
+from vtllm.kernels.cuda._device import MAX_WARPS, block_sum, fma32, lane_xor16, warp_sum
 from vtllm.kernels.cuda._host import check
 from vtllm.kernels.cuda._kv_cache import check_kv, kv_store
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
@@ -34,6 +37,58 @@ def rotated(x, partner, c, s, lower):
     out, since where the compiler contracts `x * c + y` by itself depends on the code around
     it (lower known at compile time or not)."""
     return fma32(x, c, -(partner * s)) if lower else fma32(x, c, partner * s)
+
+
+@cuda.jit(device=True)
+def _rope_head(x0, x1, x2, x3, w0, w1, w2, w3, c0, s0, c1, s1, lane, D, eps, has_norm, turn):
+    """One head of D = 32 n values (n = 1, 2 or 4) held by a warp, lane l dims l, 32 + l, ..
+    (x0 .. x3), normed (weights w0 .. w3 at the same dims) and rotated as qkv_rope does it:
+    its sums (32 dims by warp_sum, then in order) and its expressions, so its bits. c0, s0
+    (c1, s1): cos and sin of the pair of x0 (x1) for D > 32; for D = 32, of lane % 16's.
+    Every lane of the warp calls it (warp_sum)."""
+    n = D // 32
+    if has_norm:
+        ss = warp_sum(x0 * x0)
+        if n > 1:
+            ss += warp_sum(x1 * x1)
+        if n > 2:
+            ss += warp_sum(x2 * x2)
+            ss += warp_sum(x3 * x3)
+        inv = head_inv_rms(ss, D, eps)
+        x0, x1, x2, x3 = w0 * (x0 * inv), w1 * (x1 * inv), w2 * (x2 * inv), w3 * (x3 * inv)
+    if not turn:
+        return x0, x1, x2, x3
+    if n == 1:  # dim l pairs with l + 16: the lane 16 away
+        return rotated(x0, lane_xor16(x0), c0, s0, lane < 16), x1, x2, x3
+    if n == 2:  # dim l pairs with 32 + l: the same lane
+        return rotated(x0, x1, c0, s0, True), rotated(x1, x0, c0, s0, False), x2, x3
+    return (
+        rotated(x0, x2, c0, s0, True),
+        rotated(x1, x3, c1, s1, True),
+        rotated(x2, x0, c0, s0, False),
+        rotated(x3, x1, c1, s1, False),
+    )
+
+
+@cuda.jit(device=True)
+def _head_values(a, t, at, lane, n):
+    """a[t, at + lane + 32 c] for c < n (n = 1, 2 or 4), else 0."""
+    z = np.float32(0.0)
+    x0 = a[t, at + lane]
+    x1 = a[t, at + 32 + lane] if n > 1 else z
+    x2 = a[t, at + 64 + lane] if n > 2 else z
+    x3 = a[t, at + 96 + lane] if n > 2 else z
+    return x0, x1, x2, x3
+
+
+@cuda.jit(device=True)
+def _weight_values(a, lane, n):
+    """a[lane + 32 c] for c < n (n = 1, 2 or 4), else 0."""
+    z = np.float32(0.0)
+    x1 = a[32 + lane] if n > 1 else z
+    x2 = a[64 + lane] if n > 2 else z
+    x3 = a[96 + lane] if n > 2 else z
+    return a[lane], x1, x2, x3
 
 
 @cuda.jit(cache=True)

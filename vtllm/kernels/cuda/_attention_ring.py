@@ -1,11 +1,11 @@
 """Paged attention over key splits for decode steps, each warp of a block streaming its own
-splits through a ring in shared memory: attention_split's decode kernel with its sums, so its
+splits through a ring in shared memory: _attention_split's decode kernel with its sums, so its
 bits. Hot path: keep it lean.
 
-paged_attention runs it for steps of MIN_ROWS query rows or more (batched decode), and for
-the leading rows of steps too long for the scratch (split_attention); below MIN_ROWS, and for
-rope_attention (one-row steps), the split kernel stays: same entry points
-(split_attention, rope_attention, TARGET_BLOCKS), same bits, so either can serve any step.
+attention.paged_attention runs it for steps of RING_MIN_ROWS query rows or more (batched
+decode), and for the leading rows of steps too long for the scratch; below RING_MIN_ROWS, and
+for rope_attention (one-row steps), the split kernel stays: same entry points
+(decode_attention, rope_attention, TARGET_BLOCKS), same bits, so either can serve any step.
 Why a second kernel: the split kernel works a split across its whole block in three phases
 with four block barriers, reads each K row from shared memory once per query head and passes
 every K and V value through registers and shared memory. Here each warp streams its own splits
@@ -13,7 +13,7 @@ with warp barriers only. The kernel is latency-bound, so two things matter: smal
 (whole-split stages take so much shared memory that too few warps fit an SM to hide the
 loads) and the dot steps written out (numba keeps a loop of them a loop, with 64-bit counters
 and address math at every step). With a warp a split it leaves most SMs idle at one row, so
-the split kernel keeps small steps (MIN_ROWS below; BENCHMARKS.md, Kernels).
+the split kernel keeps small steps (attention.RING_MIN_ROWS; BENCHMARKS.md, Kernels).
 
 A block serves one query token and one kv head (the GQA group's G query heads share every K
 and V load). It stages the scaled queries in shared memory once; then each warp works alone
@@ -26,15 +26,19 @@ it (the next split's first items during this split's p @ V).
     (k_j read once, each query value read by all lanes at once: a broadcast), then per head
     the split's max and sum of exp by warp_max and warp_sum, p to the warp's shared row;
   - p @ V: lane l sums columns 4l .. 4l + 3 of V for all G heads over each V item's keys.
-These are attention_split's sums in its order (q . k: four partial sums over dims in order,
+These are _attention_split's sums in its order (q . k: four partial sums over dims in order,
 one per residue class mod 4; the softmax over the split's keys in lane order; p @ V: keys in
 order), and the split states go to the same scratch for the same combine: a token's output
 has the same bits through either kernel, and through the prefill one.
 
 rope_attention: the block's first warps norm and rotate its query heads (and the writer block
-its row's new key and v, stored to the cache) as attention_split's does; the block barrier
+its row's new key and v, stored to the cache) as _attention_split's does; the block barrier
 after that orders the store before its warps' copies (cp.async reads are ordinary weak loads;
 the split kernel's ld.global.nc loads are not, so it patches the key in shared memory).
+
+Over 400 lines: one kernel whose factory (~250 lines) holds the ring's protocol, with the
+device helpers of its stages beside it; the geometry, fold and combine it shares with the split
+kernel live in _attention_common.
 """
 
 import functools
@@ -43,6 +47,16 @@ import math
 import numpy as np
 from numba import cuda, float32, uint32
 
+from vtllm.kernels.cuda._attention_common import (
+    MAX_DIM,
+    MAX_GROUP,
+    SPLIT,
+    _combine_kernel,
+    _row,
+    _slot_of_slot,
+    block_shift,
+)
+from vtllm.kernels.cuda._attention_split import checked_rope_args, no_rope_args
 from vtllm.kernels.cuda._device import (
     NEG_INF,
     SIMULATOR,
@@ -52,6 +66,7 @@ from vtllm.kernels.cuda._device import (
     warp_max,
     warp_sum,
 )
+from vtllm.kernels.cuda._host import allow_dynamic_shared
 from vtllm.kernels.cuda._kv_cache import kv_copy4_async, kv_shared4, kv_store, kv_words4
 from vtllm.kernels.cuda._ptx import (
     copy_async_commit,
@@ -59,37 +74,8 @@ from vtllm.kernels.cuda._ptx import (
     grid_dependency_sync,
     item_at,
 )
-from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_f32x4
-from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
-from vtllm.kernels.cuda.attention_split import (
-    MAX_DIM,
-    MAX_GROUP,
-    SPLIT,
-    _combine_kernel,
-    _fits_scratch,
-    _head_values,
-    _rope_head,
-    _row,
-    _slot_of_slot,
-    _weight_values,
-    block_shift,
-    checked_rope_args,
-    fuses_rope,
-    make_scratch,
-    no_rope_args,
-    prompt_attention,
-    supports,
-)
-
-__all__ = [
-    "MIN_ROWS",
-    "TARGET_BLOCKS",
-    "fuses_rope",
-    "make_scratch",
-    "rope_attention",
-    "split_attention",
-    "supports",
-]
+from vtllm.kernels.cuda._ptx_shared import shared_f32x4, store_f32x4
+from vtllm.kernels.cuda._qkv_rope import _head_values, _rope_head, _weight_values
 
 CHUNK = 32  # dims of a K ring item (SPLIT rows of them)
 V_KEYS = 8  # keys of a V ring item (rows of head_dim values)
@@ -106,11 +92,6 @@ STATES = 2 * MAX_GROUP  # a split's max and sum per head
 # decode grid size to aim for: about four blocks an SM on a 132-SM GPU, of which three fit at
 # once, so the last wave is small; chosen by a sweep of grid sizes (BENCHMARKS.md, Kernels)
 TARGET_BLOCKS = 528
-# paged_attention's query rows from which this kernel runs rather than the split kernel: from
-# here on it is level with or ahead of the split kernel with either cache type
-# (bench/gpu_attention.py --cases, 8B shape; BENCHMARKS.md, Kernels); at one row the
-# split kernel's many small blocks keep more SMs busy.
-MIN_ROWS = 4
 
 
 def _stage_words(head_dim: int, itemsize: int) -> int:
@@ -576,63 +557,14 @@ def _launch(
     )
 
 
-def split_attention(
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    query_start_loc,
-    scale,
-    out,
-    scratch,
-    *,
-    flash=False,
-    stream=0,
+def decode_attention(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, scratch, *, stream=0
 ) -> None:
-    """As attention_split.split_attention (the same arguments and bits)."""
+    """As _attention_split.decode_attention (the same arguments and bits)."""
     T, Hq, D = q.shape
-    if _fits_scratch(scratch, T, Hq, D):
-        _launch(
-            False,
-            q.reshape(T, Hq * D),
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            query_start_loc,
-            scale,
-            out,
-            scratch,
-            no_rope_args(),
-            stream,
-        )
-        return
-    # More rows than the scratch holds: a prefill, or decodes with prompts beside them. The
-    # prefill kernel walks a tile's sequences one after the other, each through all its keys,
-    # so a tile of one-token decode rows costs ~32 of its sequence's passes, far more than the
-    # decodes take through this kernel. The scheduler puts running requests' decode tokens
-    # first: the scratch's worth of leading rows go through this kernel, a block a row; the
-    # rest through the prefill kernel. Same bits either way (unless flash: attention_flash).
-    head = scratch[0].shape[0] if _fits_scratch(scratch, 1, Hq, D) else 0
-    if head:
-        _launch(
-            False,
-            q[:head].reshape(head, Hq * D),
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            query_start_loc,
-            scale,
-            out[:head],
-            scratch,
-            no_rope_args(),
-            stream,
-        )
-    prompt_attention(
-        flash,
-        q,
+    _launch(
+        False,
+        q.reshape(T, Hq * D),
         k_cache,
         v_cache,
         block_tables,
@@ -640,8 +572,9 @@ def split_attention(
         query_start_loc,
         scale,
         out,
-        first_token=head,
-        stream=stream,
+        scratch,
+        no_rope_args(),
+        stream,
     )
 
 
@@ -664,7 +597,7 @@ def rope_attention(
     k_norm=None,
     stream=0,
 ) -> None:
-    """As attention_split.rope_attention (the same arguments, checks and bits)."""
+    """As _attention_split.rope_attention (the same arguments, checks and bits)."""
     rope = checked_rope_args(
         qkv,
         k_cache,

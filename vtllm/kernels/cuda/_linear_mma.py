@@ -23,7 +23,7 @@ tiles v, v + S, v + 2 S, ...); each slice is summed in order into float32 accumu
 +0, and an output is the slices' partials added in slice order, then the bias. Every output
 is therefore the same sequence of float operations whatever M is and wherever the token sits
 in the batch: decode, batched decode and prefill give the same bits, which the depth-2
-executor's law relies on (gemm_mma follows the same order).
+executor's law relies on (_gemm_mma follows the same order).
 
 Work split: a block owns one 16-row tile of W and up to TOKENS tokens; warp w sums slice w,
 and the block adds the warps' partials in warp order. A block has WARPS warps, or WIDE_WARPS
@@ -241,7 +241,7 @@ def _linear_mma_block(
     accumulate are constants of the calling kernel, so once inlined the loop strides are too,
     with one_group (M <= 8) the other groups' code folds away and with x_bf16 the second mma.
     partial: shared [min(warps, PARTIAL_ROWS), 16, 32]. swiglu, norm (one_group only),
-    accumulate: see linear_mma."""
+    accumulate: see _linear_mma."""
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
@@ -421,7 +421,7 @@ def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False
 
 
 # (wide, one_group, x_bf16, swiglu, norm, accumulate) -> kernel; each compiles on its first
-# launch. norm and accumulate come with one_group only (linear_mma), and not together.
+# launch. norm and accumulate come with one_group only (_linear_mma), and not together.
 _KERNELS = {
     (wide, one_group, x_bf16, swiglu, norm, accumulate): _block_kernel(
         WIDE_WARPS if wide else WARPS, one_group, x_bf16, swiglu, norm, accumulate
@@ -466,7 +466,7 @@ def _pack_x_kernel(x, xp):
 
 
 def x_scratch_words(m: int, k: int) -> int:
-    """Size (uint32 words) of the scratch linear_mma needs for an x of shape [m, k]."""
+    """Size (uint32 words) of the scratch _linear_mma needs for an x of shape [m, k]."""
     return -(-m // 8) * 8 * k
 
 
@@ -487,7 +487,7 @@ def pack_bf16(w, *, x_bf16=False, stream=0) -> PackedBF16:
 def split_x(x, x_scratch, *, x_bf16: bool, stream=0):
     """x [M, K] (float32, K a multiple of 16) split into bf16 hi + lo in mma fragment order
     (_pack_x_kernel) in x_scratch (uint32, at least x_scratch_words(M, K), 16-byte aligned);
-    returns the view xp [ceil(M / 8), 8 K] that linear_mma, linear_rows and gemm_mma read.
+    returns the view xp [ceil(M / 8), 8 K] that _linear_mma, _linear_rows and _gemm_mma read.
     x_bf16 (for W packed with x_bf16): hi only, xp [ceil(M / 8), 4 K]."""
     check("split_x", "x", x, np.float32, 2)
     check("split_x", "x_scratch", x_scratch, np.uint32, 1)

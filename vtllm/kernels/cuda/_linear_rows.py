@@ -1,8 +1,8 @@
 """out = x @ W.T (+ bias) for batched decode steps and mixed steps (9 to a few hundred tokens,
-below gemm_mma's full grids): linear_mma's products and sums, bit for bit, with ROWS or
+below _gemm_mma's full grids): _linear_mma's products and sums, bit for bit, with ROWS or
 WIDE_ROWS row tiles of W per block. Hot path: keep it lean.
 
-linear_mma gives a block one 16-row tile of W and 32 tokens, so every block re-reads all of
+_linear_mma gives a block one 16-row tile of W and 32 tokens, so every block re-reads all of
 x's fragments from L2: at 32 tokens that is 4x the bytes of W it streams. Here a block owns
 ROWS row tiles and reads each x fragment once for all of them: x is read ROWS times less often.
 Where the grid stays full with WIDE_ROWS row tiles a block (row_tiles_for), x is read half as
@@ -17,29 +17,21 @@ on loads. A warp's ring is its own: warp barriers order its copies and reads, no
 barrier. ROWS x STAGES = 2 x 4 (96 KB, two blocks an SM) came out best or close to it over
 the decode and mixed-step shapes among the ring geometries swept (BENCHMARKS.md, Kernels).
 
-Bits: the same as linear_mma's for every token. W's K tiles are dealt to w.slices slices
-(linear_mma's WARPS, or WIDE_WARPS for a wide W); the block's warps take them WARPS at a time
-(passes), warp w of pass p summing slice p WARPS + w from +0 in linear_mma's order (its padded
+Bits: the same as _linear_mma's for every token. W's K tiles are dealt to w.slices slices
+(_linear_mma's WARPS, or WIDE_WARPS for a wide W); the block's warps take them WARPS at a time
+(passes), warp w of pass p summing slice p WARPS + w from +0 in _linear_mma's order (its padded
 tile count, so the zero tiles' +0 additions happen too), each tile as c = mma(A, hi, c);
 c = mma(A, lo, c) (only the first for W packed with x_bf16). After each pass the block adds
-the pass's partials to the running sums in slice order: linear_mma's additions, one after
-another in slice order. Then the bias, and with swiglu linear_mma's SwiGLU epilogue.
+the pass's partials to the running sums in slice order: _linear_mma's additions, one after
+another in slice order. Then the bias, and with swiglu _linear_mma's SwiGLU epilogue.
 """
 
 import numpy as np
 from numba import cuda, float32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin, sync_warp
-from vtllm.kernels.cuda._ptx import (
-    copy_async_commit,
-    copy_async_waiter,
-    grid_dependency_sync,
-    mma_bf16,
-)
-from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x2, shared_u32x4
-from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
-from vtllm.kernels.cuda.activation import silu_mul
-from vtllm.kernels.cuda.linear_mma import (
+from vtllm.kernels.cuda._host import allow_dynamic_shared
+from vtllm.kernels.cuda._linear_mma import (
     TILE_WORDS,
     TOKENS,
     UNROLL,
@@ -49,8 +41,16 @@ from vtllm.kernels.cuda.linear_mma import (
     PackedBF16,
     check_split_step,
 )
+from vtllm.kernels.cuda._ptx import (
+    copy_async_commit,
+    copy_async_waiter,
+    grid_dependency_sync,
+    mma_bf16,
+)
+from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x2, shared_u32x4
+from vtllm.kernels.cuda.activation import silu_mul
 
-GROUPS = TOKENS // 8  # token groups per block (32 tokens, as linear_mma)
+GROUPS = TOKENS // 8  # token groups per block (32 tokens, as _linear_mma)
 THREADS = 32 * WARPS
 ROWS = 2  # row tiles of W per block
 # ... or WIDE_ROWS, x read half as often, where that still gives WIDE_MIN_BLOCKS blocks
@@ -61,7 +61,7 @@ WIDE_MIN_BLOCKS = 1 if SIMULATOR else 96
 STAGES = 4  # K tiles a warp's ring holds: STAGES - 1 in flight during one's mmas
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}  # two blocks an SM
 # Blocks a step needs to run here (two blocks an SM fill a 132-SM GPU about once); a step
-# with fewer would leave SMs idle and stays in linear_mma (rows_pay).
+# with fewer would leave SMs idle and stays in _linear_mma (rows_pay).
 MIN_BLOCKS = 1 if SIMULATOR else 128
 SUMS = 16 * 32 // THREADS  # a row tile's running sums a thread holds
 _WAIT_OLDEST = copy_async_waiter(STAGES - 1)  # the oldest of STAGES copy groups has landed
@@ -244,7 +244,7 @@ def _kernels_for(rows: int) -> dict:
         ring_at = warp * STAGES * stage_words
         # A pass: warp w sums slice pass x WARPS + w; the block then adds the pass's partials to
         # the running sums in slice order (one row tile at a time, through the rings' memory):
-        # the additions of linear_mma's block, one after another in slice order.
+        # the additions of _linear_mma's block, one after another in slice order.
         for p in range(slices // WARPS):
             _slice_sum(
                 ring,
@@ -350,7 +350,7 @@ def rows_pay(m: int, n: int) -> bool:
 def linear_rows(xp, w: PackedBF16, out, *, bias=None, swiglu=False, rows=0, stream=0) -> None:
     """out[M, N] = x @ W.T (+ bias[N]) for x split by split_x into xp and W packed by
     pack_bf16: the same bits as linear_mma(x, w, out, bias=bias,
-    swiglu=swiglu) (swiglu: out [M, N / 2] gets silu(gate) * up, see linear_mma). rows: row
+    swiglu=swiglu) (swiglu: out [M, N / 2] gets silu(gate) * up, see _linear_mma). rows: row
     tiles a block, ROWS or WIDE_ROWS (0: row_tiles_for's choice); the same bits either way."""
     has_bias = bias is not None
     bias = check_split_step("linear_rows", xp, w, out, bias, swiglu=swiglu)

@@ -11,15 +11,16 @@ split in three phases, each across the whole block, all through one shared array
      then the split's max and sum of exp by two warp reductions;
   3. p @ V: each thread sums four columns of V for one head, weighted by the probabilities.
 A split's state (max m, sum l, acc) is thus a function of its keys only, and the row's result
-is the in-order fold of its splits' states, always through `_fold`:
-  - decode (`scratch` given, T <= its rows): splits spread over blocks (about TARGET_BLOCKS
-    in all), partial states to scratch, then `_combine_kernel` folds them in split order: the
-    GPU is filled even at batch 1;
-  - otherwise (prefill): attention_prefill's kernel, whose blocks each take several tokens of
-    a sequence through the same phases on the same helpers (one load of a split serves them
-    all) and fold each row's splits in order as they go.
+is the in-order fold of its splits' states, always through `_fold` (_attention_common):
+  - here (decode_attention, for rows that fit the scratch): splits spread over blocks (about
+    TARGET_BLOCKS in all), partial states to scratch, then `_combine_kernel` folds them in
+    split order: the GPU is filled even at batch 1;
+  - longer steps (prefill): _attention_prefill's kernel, whose blocks each take several tokens
+    of a sequence through the same phases on the same helpers (one load of a split serves
+    them all) and fold each row's splits in order as they go.
 Both paths run the same code on the same keys in the same order, so a token's output does not
 depend on the path, the batch or the chunking (the depth-2 law needs that on the GPU too).
+Which of them runs for which rows is attention.paged_attention's choice.
 
 A block checks the block-table entries of its own splits as it loads them (a bad one marks
 the split, and the combine then leaves the row unwritten), and reads a decode row's metadata
@@ -31,6 +32,9 @@ reads a row's newest key makes that key and writes it to the cache. Kept small o
 in a kernel that runs most of its instructions once, time follows code size more than work
 (likely instruction fetch), so the rope work stays in registers, a head a warp, rather than
 going through shared memory in unrolled items, which doubles the code.
+
+Over 400 lines: one kernel (the factory of its two variants is ~170 lines) with its phase
+helpers and launchers; its shared geometry and fold already live in _attention_common.
 """
 
 import math
@@ -38,35 +42,38 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from vtllm.kernels.cuda._device import (
-    NEG_INF,
-    SIMULATOR,
-    fma32,
-    fmax,
-    imin,
-    lane_xor16,
-    warp_max,
-    warp_sum,
+from vtllm.kernels.cuda._attention_common import (
+    MAX_DIM,
+    MAX_GROUP,
+    ROW,
+    SPLIT,
+    _combine_kernel,
+    _fits_scratch,
+    _row,
+    _slot_of_slot,
+    block_shift,
+    check_attention,
+    split_loader,
+    supports,
 )
+from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, imin, warp_max, warp_sum
 from vtllm.kernels.cuda._host import placeholder
-from vtllm.kernels.cuda._kv_cache import kv_rounded, kv_store, kv_value4_at
-from vtllm.kernels.cuda._ptx import grid_dependency_sync, item_at, prefetch_l1
-from vtllm.kernels.cuda._ptx_f32x4 import shared_f32x4, store_f32x4, store_shared_f32x4
-from vtllm.kernels.cuda.attention import _sequence_of, check_attention
-from vtllm.kernels.cuda.qkv_rope import check_qkv_rope, head_inv_rms, rotated
+from vtllm.kernels.cuda._kv_cache import kv_rounded, kv_store
+from vtllm.kernels.cuda._ptx import grid_dependency_sync, prefetch_l1
+from vtllm.kernels.cuda._ptx_shared import shared_f32x4, store_f32x4
+from vtllm.kernels.cuda._qkv_rope import (
+    _head_values,
+    _rope_head,
+    _weight_values,
+    check_qkv_rope,
+)
 
-SPLIT = 32  # keys per split: one per lane in the score phase
 WARPS = 4
 THREADS = 32 * WARPS
-MAX_GROUP = 8  # query heads per kv head
-MAX_DIM = 128  # head_dim: lane l loads dims 4l .. 4l + 3
 Q_PER_THREAD = MAX_GROUP * MAX_DIM // THREADS  # query values a thread loads (at most)
-# Shared row stride in floats: a multiple of 4 (128-bit accesses), and 4 mod 32 so that the
-# eight lanes of a quarter-warp reading one 128-bit piece of eight rows hit all 32 banks.
-ROW = MAX_DIM + 4
 # One shared array carved into regions (a single array starts at the block's shared base, so
-# every region below is 16-byte aligned: all offsets are multiples of 4 floats). attention_prefill
-# lays out its own regions and loads K and V with split_loader too.
+# every region below is 16-byte aligned: all offsets are multiples of 4 floats).
+# _attention_prefill lays out its own regions and loads K and V with split_loader too.
 Q_AT = 0  # scaled queries [MAX_GROUP, MAX_DIM]
 K_AT = Q_AT + MAX_GROUP * MAX_DIM  # the split's keys [SPLIT, ROW]
 V_AT = K_AT + SPLIT * ROW  # and values
@@ -83,129 +90,6 @@ TARGET_BLOCKS = 512
 # (tools/kernel_report.py); the extra warps hide more of the load latency than the spills
 # cost, unlike the compiler's own choice (bench/gpu_attention.py)
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}
-
-
-def splits_for(max_positions: int) -> int:
-    return -(-max_positions // SPLIT)
-
-
-KEEP_FIRST, TAKE_SECOND, MIX = 0, 1, 2  # how _fold_weights says to merge two accs
-
-
-@cuda.jit(device=True)
-def _fold_weights(m, l, m2, l2):
-    """The merged max and sum of states (m, l) and (m2, l2), and how their accs merge:
-    (top, sum, c1, c2, how); a state with m = -inf is empty. Computed once for a row whose
-    accs are many columns."""
-    if m2 == NEG_INF:
-        return m, l, np.float32(1.0), np.float32(0.0), KEEP_FIRST
-    if m == NEG_INF:
-        return m2, l2, np.float32(0.0), np.float32(1.0), TAKE_SECOND
-    top = fmax(m, m2)
-    c1 = math.exp(m - top)
-    c2 = math.exp(m2 - top)
-    return top, fma32(l, c1, l2 * c2), c1, c2, MIX
-
-
-@cuda.jit(device=True)
-def _fold_acc(a, a2, c1, c2, how):
-    """One column of two accs merged with _fold_weights' (c1, c2, how)."""
-    if how == KEEP_FIRST:
-        return a
-    if how == TAKE_SECOND:
-        return a2
-    return fma32(a, c1, a2 * c2)  # one rounding order in every kernel that folds
-
-
-@cuda.jit(device=True)
-def _fold(m, l, a, m2, l2, a2):
-    """(m, l, a) merged with (m2, l2, a2); a state with m = -inf is empty."""
-    top, total, c1, c2, how = _fold_weights(m, l, m2, l2)
-    return top, total, _fold_acc(a, a2, c1, c2, how)
-
-
-@cuda.jit(device=True)
-def _row(query_start_loc, seq_lens, block_tables, t, bs):
-    """(sequence, keys this query sees) for token row t, or (-1, 0) when the row is padding or
-    its metadata does not fit the block table. In a decode step row t is sequence t: its
-    bounds and length are read in one trip to memory, and only other steps search."""
-    s, ctx = -1, 0
-    if t < seq_lens.shape[0]:
-        start, end, ctx = query_start_loc[t], query_start_loc[t + 1], seq_lens[t]
-        if start == t and end == t + 1:
-            s = t
-    if s < 0:
-        s = _sequence_of(query_start_loc, t)
-        if s < 0:
-            return -1, 0
-        ctx = seq_lens[s]
-    n_q = query_start_loc[s + 1] - query_start_loc[s]
-    if ctx < n_q or (ctx + bs - 1) // bs > block_tables.shape[1]:
-        return -1, 0
-    return s, ctx - (query_start_loc[s + 1] - t) + 1
-
-
-@cuda.jit(device=True)
-def block_shift(bs):
-    """log2(bs) for a power-of-two block size, else -1 (computed once per block): a key's
-    block and offset are then a shift and a mask, not a 64-bit division, which numba calls as
-    a subroutine of ~100 instructions, twice per key and split."""
-    sh = 0
-    while (1 << sh) < bs:
-        sh += 1
-    return sh if (1 << sh) == bs else -1
-
-
-@cuda.jit(device=True)
-def _slot_of_slot(slot, bs, shift):
-    """(slot // bs, slot % bs): a cache slot's block and offset, or a key position's
-    block-table entry and offset."""
-    if shift >= 0:
-        return slot >> shift, slot & (bs - 1)
-    return slot // bs, slot % bs
-
-
-def split_loader(warps: int, k_at: int, v_at: int):
-    """Phase 1 for a block of `warps` warps whose shared K and V rows start at k_at and v_at:
-    load(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift) puts keys
-    lo .. lo + n_here - 1 into rows 0 .. n_here - 1 of K and V (warp w keys w, w + warps, ..,
-    lane l dims 4l .. 4l + 3). Rows past n_here repeat key lo (finite values that p = 0 will
-    weigh), so no branch depends on the key. Fixed trip counts: unrolled, the loaded rows live
-    in registers and every load is in flight before the first store. shift: block_shift(block
-    size). Returns 1 where a key's block-table entry is outside the cache (its rows then hold
-    block 0's values), else 0: the split's own check, made in the same trip as the loads."""
-    keys_per_warp = SPLIT // warps
-    assert keys_per_warp * warps == SPLIT
-
-    @cuda.jit(device=True)
-    def load(k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift):
-        d = 4 * lane
-        if d >= D:
-            return 0
-        num_blocks, bs, Hk = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
-        # a slot's K (and V) row is one run of Hk D values: this lane's 4 start at head_at
-        slot_values, head_at = np.int32(Hk * D), np.int32(hk * D + d)
-        kr = cuda.local.array((keys_per_warp, 4), float32)
-        vr = cuda.local.array((keys_per_warp, 4), float32)
-        bad = 0
-        table_at = s * block_tables.shape[1]  # the sequence's row of the block table
-        for i in range(keys_per_warp):
-            jj = w + warps * i
-            j = np.int32(lo + (jj if jj < n_here else 0))
-            e, off = _slot_of_slot(j, bs, shift)
-            blk = item_at(block_tables, table_at + e)
-            if blk < 0 or blk >= num_blocks:
-                blk, bad = 0, 1
-            at = np.int32(blk * bs + off) * slot_values + head_at  # 64-bit: caches > 8 GB
-            kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3] = kv_value4_at(k_cache, at)
-            vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3] = kv_value4_at(v_cache, at)
-        for i in range(keys_per_warp):
-            at = (w + warps * i) * ROW + d
-            store_shared_f32x4(smem, k_at + at, kr[i, 0], kr[i, 1], kr[i, 2], kr[i, 3])
-            store_shared_f32x4(smem, v_at + at, vr[i, 0], vr[i, 1], vr[i, 2], vr[i, 3])
-        return bad
-
-    return load
 
 
 _load_split = split_loader(WARPS, K_AT, V_AT)
@@ -271,58 +155,6 @@ def _stage_queries(smem, qv, G, D, scale, tid):
         g, d = g + THREADS // D, d + THREADS % D
         if d >= D:
             g, d = g + 1, d - D
-
-
-@cuda.jit(device=True)
-def _rope_head(x0, x1, x2, x3, w0, w1, w2, w3, c0, s0, c1, s1, lane, D, eps, has_norm, turn):
-    """One head of D = 32 n values (n = 1, 2 or 4) held by a warp, lane l dims l, 32 + l, ..
-    (x0 .. x3), normed (weights w0 .. w3 at the same dims) and rotated as qkv_rope does it:
-    its sums (32 dims by warp_sum, then in order) and its expressions, so its bits. c0, s0
-    (c1, s1): cos and sin of the pair of x0 (x1) for D > 32; for D = 32, of lane % 16's.
-    Every lane of the warp calls it (warp_sum)."""
-    n = D // 32
-    if has_norm:
-        ss = warp_sum(x0 * x0)
-        if n > 1:
-            ss += warp_sum(x1 * x1)
-        if n > 2:
-            ss += warp_sum(x2 * x2)
-            ss += warp_sum(x3 * x3)
-        inv = head_inv_rms(ss, D, eps)
-        x0, x1, x2, x3 = w0 * (x0 * inv), w1 * (x1 * inv), w2 * (x2 * inv), w3 * (x3 * inv)
-    if not turn:
-        return x0, x1, x2, x3
-    if n == 1:  # dim l pairs with l + 16: the lane 16 away
-        return rotated(x0, lane_xor16(x0), c0, s0, lane < 16), x1, x2, x3
-    if n == 2:  # dim l pairs with 32 + l: the same lane
-        return rotated(x0, x1, c0, s0, True), rotated(x1, x0, c0, s0, False), x2, x3
-    return (
-        rotated(x0, x2, c0, s0, True),
-        rotated(x1, x3, c1, s1, True),
-        rotated(x2, x0, c0, s0, False),
-        rotated(x3, x1, c1, s1, False),
-    )
-
-
-@cuda.jit(device=True)
-def _head_values(a, t, at, lane, n):
-    """a[t, at + lane + 32 c] for c < n (n = 1, 2 or 4), else 0."""
-    z = np.float32(0.0)
-    x0 = a[t, at + lane]
-    x1 = a[t, at + 32 + lane] if n > 1 else z
-    x2 = a[t, at + 64 + lane] if n > 2 else z
-    x3 = a[t, at + 96 + lane] if n > 2 else z
-    return x0, x1, x2, x3
-
-
-@cuda.jit(device=True)
-def _weight_values(a, lane, n):
-    """a[lane + 32 c] for c < n (n = 1, 2 or 4), else 0."""
-    z = np.float32(0.0)
-    x1 = a[32 + lane] if n > 1 else z
-    x2 = a[64 + lane] if n > 2 else z
-    x3 = a[96 + lane] if n > 2 else z
-    return a[lane], x1, x2, x3
 
 
 def _split_kernel_for(rope: bool):
@@ -502,57 +334,6 @@ _split_kernel = _split_kernel_for(False)
 _split_rope_kernel = _split_kernel_for(True)
 
 
-@cuda.jit(cache=True)
-def _combine_kernel(part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out):
-    """Folds a row's split states in split order; eight splits' values are loaded before
-    they are folded, so the loads overlap instead of queueing behind each fold."""
-    grid_dependency_sync()
-    t, h, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
-    s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
-    if s < 0 or tid >= out.shape[2]:
-        return
-    n = (n_keys + SPLIT - 1) // SPLIT
-    m, l, a = NEG_INF, np.float32(0.0), np.float32(0.0)
-    pm = cuda.local.array(8, float32)
-    pl = cuda.local.array(8, float32)
-    pa = cuda.local.array(8, float32)
-    for sp0 in range(0, n, 8):
-        for u in range(8):
-            sp = imin(sp0 + u, n - 1)
-            pm[u], pl[u], pa[u] = (
-                part_ml[t, h, sp, 0],
-                part_ml[t, h, sp, 1],
-                part_acc[t, h, sp, tid],
-            )
-        for u in range(8):
-            if sp0 + u < n:
-                if pl[u] < 0:
-                    return  # the split kernel found a block-table entry outside the cache
-                m, l, a = _fold(m, l, a, pm[u], pl[u], pa[u])
-    out[t, h, tid] = a / l
-
-
-def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    return head_dim <= MAX_DIM and head_dim % 4 == 0 and num_heads // num_kv_heads <= MAX_GROUP
-
-
-def make_scratch(rows: int, num_heads: int, head_dim: int, max_positions: int, *, stream=0):
-    """Partial states for the one-block-per-split path: rows x heads x splits."""
-    n = splits_for(max_positions)
-    return (
-        cuda.device_array((rows, num_heads, n, head_dim), np.float32, stream=stream),
-        cuda.device_array((rows, num_heads, n, 2), np.float32, stream=stream),
-    )
-
-
-def _fits_scratch(scratch, T: int, Hq: int, D: int) -> bool:
-    return (
-        scratch is not None
-        and T <= scratch[0].shape[0]
-        and scratch[0].shape[1:] == (Hq, scratch[0].shape[2], D)
-    )
-
-
 def _launch(
     kernel,
     q,
@@ -591,38 +372,13 @@ def _launch(
     )
 
 
-def split_attention(
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    query_start_loc,
-    scale,
-    out,
-    scratch,
-    *,
-    flash=False,
-    stream=0,
+def decode_attention(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, scratch, *, stream=0
 ) -> None:
-    """As attention.paged_attention (its launcher has checked the arguments); scratch is
-    make_scratch's pair or None (then, and for steps of more rows than it holds, the prefill
-    kernel runs, or attention_flash's with flash)."""
+    """Rows of q [T, Hq, D] through the split kernel and the combine into out, their split
+    states in scratch (make_scratch's pair for at least T rows); the arguments as
+    attention.paged_attention's, which checked them."""
     T, Hq, D = q.shape
-    if not _fits_scratch(scratch, T, Hq, D):
-        prompt_attention(
-            flash,
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            query_start_loc,
-            scale,
-            out,
-            stream=stream,
-        )
-        return
     _launch(
         _split_kernel,
         q.reshape(T, Hq * D),
@@ -636,44 +392,6 @@ def split_attention(
         scratch,
         no_rope_args(),
         stream,
-    )
-
-
-def prompt_attention(
-    flash,
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    query_start_loc,
-    scale,
-    out,
-    *,
-    first_token=0,
-    stream=0,
-) -> None:
-    """Rows first_token on of a step too long for the scratch: attention_flash's kernel with
-    flash where it takes the cache and shape, else the prefill kernel (the decode bits)."""
-    from vtllm.kernels.cuda import attention_flash
-    from vtllm.kernels.cuda.attention_prefill import prefill_attention
-
-    Hq, D = q.shape[1], q.shape[2]
-    if flash and attention_flash.supports(k_cache, Hq, k_cache.shape[2], D):
-        run = attention_flash.flash_prefill
-    else:
-        run = prefill_attention
-    run(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        scale,
-        out,
-        first_token=first_token,
-        stream=stream,
     )
 
 

@@ -1,7 +1,12 @@
 """Causal attention of a prefill step's rows over the paged bf16 KV cache on tensor cores,
-flash-attention style; for runners that opt in (`cuda_flash_prefill`). Hot path: keep it lean.
+flash-attention style. Hot path: keep it lean.
 
-attention_prefill computes on CUDA cores with the decode kernels' bits (every token's output the
+Opt-in, not the default (VT_CUDA_FLASH_PREFILL, cuda_flash_prefill; attention.paged_attention's
+flash): it is not batch-invariant with the decode kernels. A prompt token gets other bits here
+than through the decode path, so a token's output would depend on how its step was cut, which
+the default path never allows (the depth-2 law). Kept as the base of the work on prefill speed.
+
+_attention_prefill computes on CUDA cores with the decode kernels' bits (every token's output the
 same whichever kernel ran it), which makes it far slower than tensor-core attention and the
 larger part of a long prefill. Here the products run as mma.sync (bf16 inputs, float32 sums),
 which gives up those bits: q is rounded to bf16 (as an HF bf16 model does), and so are the softmax
@@ -11,7 +16,7 @@ of KEYS from position 0 (not from the step's first token), each tile's max and s
 row's own (four lanes of one warp), and a row's place in the tile does not change what an mma
 computes for it. So a prompt's rows get the same bits alone or beside others, in one step or
 in chunks; but not the decode kernels' bits, and those take a step's leading rows
-(attention_ring.split_attention): a prompt token that lands among them, or comes alone (its
+(attention.paged_attention): a prompt token that lands among them, or comes alone (its
 prompt's last chunk of one token), differs by rounding from the same token computed here.
 
 A block owns one kv head and ROWS // G consecutive tokens (G = Hq / Hk query heads each): up to
@@ -22,9 +27,9 @@ tile's copies in flight while this one is computed): S = q k^T (K's B fragments 
 masked (causal, and keys past the run's window), scaled by scale * log2(e); the running max and
 sum of each row (online softmax with exp2); p rounded to bf16 straight from the accumulators
 into A fragments, and o += p V (V's B fragments by ldmatrix.trans). Out = o / sum at the end.
-Rows are (token, head) pairs as in attention_prefill, and tiles are launched heaviest first.
+Rows are (token, head) pairs as in _attention_prefill, and tiles are launched heaviest first.
 
-Several times faster than attention_prefill on long prompts, still behind torch's SDPA
+Several times faster than _attention_prefill on long prompts, still behind torch's SDPA
 (BENCHMARKS.md, Kernels): two blocks fit an SM, and the key loop carries several other
 instructions per mma (masking, online softmax, packing p), so it is most likely bound by
 instruction issue rather than by the tensor cores.
@@ -36,7 +41,9 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
+from vtllm.kernels.cuda._attention_common import _sequence_of, _slot_of_slot, block_shift
 from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fmax, imin, quad_max, quad_sum
+from vtllm.kernels.cuda._host import allow_dynamic_shared
 from vtllm.kernels.cuda._ptx import (
     copy_async_commit,
     copy_async_waiter,
@@ -46,9 +53,6 @@ from vtllm.kernels.cuda._ptx import (
     pack_bf16x2,
 )
 from vtllm.kernels.cuda._ptx_shared import copy_async16_to, ldmatrix_x4, ldmatrix_x4_trans
-from vtllm.kernels.cuda._shared_launch import allow_dynamic_shared
-from vtllm.kernels.cuda.attention import _sequence_of
-from vtllm.kernels.cuda.attention_split import _slot_of_slot, block_shift
 
 WARPS = 2 if SIMULATOR else 4
 THREADS = 32 * WARPS

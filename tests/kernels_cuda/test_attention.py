@@ -147,7 +147,7 @@ def test_ring_kernel_gives_the_split_kernels_bits(rng, case, kv, monkeypatch):
 
     def run(mod):
         out = poisoned((t, hq, d))
-        mod.split_attention(*args, out, scratch)
+        mod.decode_attention(*args, out, scratch)
         return host(out)
 
     want = run(attention_split)

@@ -7,6 +7,9 @@ reductions exchange values through a module-level list between two barriers (the
 runs one block at a time), so every thread of a block must call them the same number of times:
 the kernels keep their reductions in block-uniform control flow, which the GPU code needs
 anyway for its own barriers.
+
+Over 400 lines: each helper is written twice, the simulator's stand-in and the device code,
+side by side under one SIMULATOR switch so that the two read (and change) together.
 """
 
 import numpy as np

@@ -37,6 +37,10 @@ Decode steps (M <= 8, one token group) run a copy of the kernel compiled for one
 other groups' accumulators are constant zeros there, and the registers they free hold the
 next trip's tiles of W, loaded before this trip's mmas, so a warp's loads stay in flight
 while it computes (same products and sums: same bits).
+
+Over 400 lines: the packed format (pack_bf16, split_x, packed_shape) stays beside the kernel
+whose loop defines it (warps_for, UNROLL: the K slices that every tensor-core kernel of
+matmul sums in, in this kernel's order), so that the two change together.
 """
 
 from dataclasses import dataclass

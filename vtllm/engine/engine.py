@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 
@@ -78,8 +79,9 @@ class Engine:
     """The step loop and what it composes (scheduler, backend, model), behind submit/abort.
     Its methods run on the event-loop thread, as the scheduler's do: no locks."""
 
-    def __init__(self, loop: StepLoop, loaded, max_model_len: int, faults=None):
+    def __init__(self, loop: StepLoop, loaded, max_model_len: int, faults=None, embedder=None):
         self.loop = loop
+        self.embedder = embedder  # engine/embedder.Embedder with --embedding-model, else None
         self.scheduler, self.backend = loop.scheduler, loop.backend
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
@@ -105,7 +107,12 @@ class Engine:
             shadow_rate=config.shadow_check_rate,
             vocab_size=loaded.config.vocab_size,
         )
-        return cls(loop, loaded, max_model_len, faults)
+        embedder = None
+        if config.embedding_model:
+            from vtllm.engine.embedder import Embedder
+
+            embedder = Embedder(Path(config.embedding_model).expanduser(), device=config.device)
+        return cls(loop, loaded, max_model_len, faults, embedder)
 
     # -- requests ----------------------------------------------------------------------------
     def submit(

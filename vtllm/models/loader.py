@@ -3,8 +3,8 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from vtllm.errors import ModelLoadError
-from vtllm.models import gguf_loader, safetensors_loader, tokenizer
+from vtllm.errors import ModelLoadError, UnsupportedModel
+from vtllm.models import bert, gguf_loader, safetensors_loader, tokenizer
 from vtllm.models.config import ModelConfig
 from vtllm.models.default_model import NAME as DEFAULT_NAME
 from vtllm.models.default_model import default_model_path
@@ -28,6 +28,11 @@ def load_model(model: str | Path | None = None) -> LoadedModel:
         path = Path(model).expanduser()
         name = path.stem if path.is_file() else path.name
     if path.is_dir():
+        if bert.is_encoder(path):
+            raise UnsupportedModel(
+                f"{path} is an embedding (encoder) model: serve it with --embedding-model "
+                "beside a chat model (LLM(embedding_model=...) offline)"
+            )
         config = safetensors_loader.read_config(path)
         weights = safetensors_loader.load_weights(path, config)
         tok = tokenizer.from_tokenizer_json(path)

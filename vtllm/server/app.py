@@ -17,6 +17,7 @@ from vtllm.server.admission import (
     DrainRate,
     HeaderLimitMiddleware,
 )
+from vtllm.server.embeddings import embeddings
 from vtllm.server.fields import IGNORED_HEADER
 from vtllm.server.http_errors import error_response, http_exception
 from vtllm.server.metrics import metrics
@@ -54,6 +55,7 @@ def build_app(state: ServerState) -> Starlette:
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
             Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
             Route("/health", routes.health, methods=["GET"]),
             Route("/version", routes.version, methods=["GET"]),
             Route("/tokenize", routes.tokenize, methods=["POST"]),

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from vtllm import __version__
+from vtllm.server.embeddings import EmbeddingRequest
 from vtllm.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -24,6 +25,7 @@ OPERATIONS = (
     ("/v1/chat/completions", "Chat completion", ChatCompletionRequest, ChatCompletionResponse),
     ("/tokenize", "Text to token ids", TokenizeRequest, None),
     ("/detokenize", "Token ids to text", DetokenizeRequest, None),
+    ("/v1/embeddings", "Embeddings (with --embedding-model)", EmbeddingRequest, None),
 )
 _REF = "#/components/schemas/{name}"
 

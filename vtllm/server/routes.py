@@ -295,6 +295,17 @@ async def models(request: Request) -> Response:
         }
         for name in state.model_names or (state.model_name,)
     ]
+    embedder = state.engine.embedder
+    if embedder is not None:
+        cards.append(
+            {
+                "id": embedder.name,
+                "object": "model",
+                "created": state.started,
+                "owned_by": "vtllm",
+                "max_model_len": embedder.max_model_len,
+            }
+        )
     return JSONResponse({"object": "list", "data": cards})
 
 

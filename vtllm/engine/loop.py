@@ -101,7 +101,11 @@ class StepLoop:
         self._ids = itertools.count()
         self._wake = anyio.Event()
         self.stopping = False
-        self.num_steps = 0
+        self.num_steps = 0  # launched
+        self._num_collected = 0
+        # plans launched before their token masks could be known: (plan, its constrained
+        # requests, the steps launched before it), oldest first (see _fill_masks)
+        self._late_masks: deque = deque()
         self.num_finished = 0
         self.created_at = perf_counter()  # the clock the seconds below are parts of
         self.host_seconds = 0.0  # scheduling and bookkeeping on the event-loop thread
@@ -215,6 +219,7 @@ class StepLoop:
                 self._idle_since = None
                 self._wake = anyio.Event()
         except Exception as exc:
+            self._release_late_masks()
             if self.on_dead is None:  # offline use (LLM, warm-up): the caller sees the error
                 self.fail_all("the engine stopped while serving this request")
                 raise
@@ -223,8 +228,11 @@ class StepLoop:
             log.exception("engine step failed")
             self.die(f"an engine step failed ({exc.__class__.__name__})")
         except BaseException:
+            self._release_late_masks()
             self.fail_all("the engine stopped while serving this request")
             raise
+        finally:
+            self._release_late_masks()
 
     async def _collect(self, step) -> bool:
         """Wait for a launched step and hand its tokens on; False once the engine is dead."""
@@ -237,29 +245,54 @@ class StepLoop:
         if self.dead is not None:
             return False
         started = self.progress_at = perf_counter()
+        self._num_collected += 1
         self._deliver(self.scheduler.update(result))
         self.shadow.after_update()
+        while self._late_masks and self._late_masks[0][2] <= self._num_collected:
+            plan, constrained, _ = self._late_masks.popleft()
+            self._write_masks(plan, constrained)
+            self.backend.send_masks(plan)
         self.host_seconds += perf_counter() - started
         return True
 
     async def _fill_masks(self, plan, in_flight: deque) -> bool:
-        """Token masks of the plan's constrained requests. A mask follows from every earlier
-        token, so a request whose last token is still in flight waits for it: the steps in
-        flight are collected first, and this step runs at depth 1. The depth-2 law holds (the
-        mask sees what depth 1 would), at the cost of the overlap while such requests run;
-        a request's first token (its prompt is known) needs no wait. False once dead."""
-        constrained = self.scheduler.constrained
+        """Token masks of the plan's constrained requests, before it is launched. A mask
+        follows from every earlier token, so a request whose last token is still in flight
+        must wait for it. A backend that samples where it runs the forward (the CPU:
+        `defer_masks`) takes the plan at once and waits for its masks only before sampling:
+        they are written as soon as the steps before it are collected (_collect), while its
+        forward runs. Other backends (CUDA: the sampler is inside the step's graph) collect
+        the steps in flight first, and the plan runs at depth 1. Either way a mask sees the
+        tokens depth 1 would, so the depth-2 law holds. A request's first token (its prompt
+        is known) needs no wait. False once dead."""
+        constrained = list(self.scheduler.constrained)
         # one placeholder is this plan's own sample; more means an earlier one is in flight
-        if any(r.num_placeholders > 1 for r in constrained):
+        if in_flight and any(r.num_placeholders > 1 for r in constrained):
+            defer = getattr(self.backend, "defer_masks", None)
+            if defer is not None:
+                defer(plan)
+                self._late_masks.append((plan, constrained, self.num_steps))
+                return True
             while in_flight:
                 if not await self._collect(in_flight.popleft()):
                     return False
+        self._write_masks(plan, constrained)
+        return True
+
+    def _write_masks(self, plan, constrained) -> None:
         started = perf_counter()
         plan.token_masks = {
             r.slot: r.constraint.next_mask() for r in constrained if not r.is_finished
         }
         self.host_seconds += perf_counter() - started
-        return True
+
+    def _release_late_masks(self) -> None:
+        """The loop is ending: a step waiting for its masks runs without them (its tokens are
+        never delivered), so the backend's worker is never left waiting."""
+        while self._late_masks:
+            plan = self._late_masks.popleft()[0]
+            plan.token_masks = {}
+            self.backend.send_masks(plan)
 
     def time_split(self, now: float) -> tuple[float, float, float]:
         """(host, wait, idle) seconds up to perf_counter() reading `now`, a wait or idle spell

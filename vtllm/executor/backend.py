@@ -46,6 +46,7 @@ class CpuBackend:
         self.runner = runner
         self.threads = threads
         self.launch_seconds = 0.0
+        self._mask_events: dict[int, threading.Event] = {}  # step id -> its masks are in
         self._device_seconds = 0.0  # finished steps
         self._step_started: float | None = None  # the running step's perf_counter start
         self._clock = threading.Lock()  # the worker's updates against a scrape's read
@@ -61,11 +62,22 @@ class CpuBackend:
         future = self._worker.submit(self._execute, plan)
         return InFlightStep(plan.step_id, future, time.perf_counter())
 
+    def defer_masks(self, plan: StepPlan) -> None:
+        """The next launch of `plan` runs its forward at once and samples once send_masks()
+        has filled plan.token_masks: the host computes them while the forward runs."""
+        self._mask_events[plan.step_id] = threading.Event()
+
+    def send_masks(self, plan: StepPlan) -> None:
+        self._mask_events.pop(plan.step_id).set()
+
     def _execute(self, plan: StepPlan) -> StepResult:
         with self._clock:
             self._step_started = time.perf_counter()
+        ready = self._mask_events.get(plan.step_id)
         try:
-            return self.runner.execute(plan)
+            if ready is None:
+                return self.runner.execute(plan)
+            return self.runner.execute(plan, ready.wait)
         finally:
             with self._clock:
                 self._device_seconds += time.perf_counter() - self._step_started

@@ -86,7 +86,8 @@ class StepRunner:
     ):
         """Starts the forward and the sampler over a step; returns the device's handle.
         masks: (sampling row, int32 packed token mask) of constrained rows: logits of tokens
-        whose bit is clear become -inf before sampling (and before their logprobs)."""
+        whose bit is clear become -inf before sampling (and before their logprobs); or a call
+        that returns them, to make once the forward is done (StepRunner.launch's wait_masks)."""
         raise NotImplementedError
 
     def _collect(self, handle) -> StepOutput:
@@ -121,7 +122,10 @@ class StepRunner:
             self._sampling_changed()
 
     # -- one step ---------------------------------------------------------------------------
-    def launch(self, plan: StepPlan) -> PendingStep:
+    def launch(self, plan: StepPlan, wait_masks=None) -> PendingStep:
+        """wait_masks: None, or a call that returns once plan.token_masks is filled; a device
+        that samples where it runs the forward (the CPU) makes it after the forward, so the
+        host computes the masks while the forward runs."""
         self.apply(plan)
         if not plan.chunks:
             return PendingStep(plan, [], [], None)
@@ -129,7 +133,14 @@ class StepRunner:
         chunks = [c for c in plan.chunks if c.sample]
         num_logprobs = [int(self.sampling.num_logprobs[c.slot]) for c in chunks]
         want_logits = any(c.prompt_logprobs for c in plan.chunks)
-        masks = token_masks(plan.token_masks, chunks) if plan.token_masks else []
+        if wait_masks is None:
+            masks = token_masks(plan.token_masks, chunks) if plan.token_masks else []
+        else:
+
+            def masks():
+                wait_masks()
+                return token_masks(plan.token_masks, chunks) if plan.token_masks else []
+
         handle = self._launch(flat, chunks, num_logprobs, want_logits, masks)
         return PendingStep(plan, chunks, num_logprobs, handle)
 
@@ -164,8 +175,8 @@ class StepRunner:
             )
         return StepResult(plan.step_id, sampled, prompt_lps)
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        return self.finish(self.launch(plan))
+    def execute(self, plan: StepPlan, wait_masks=None) -> StepResult:
+        return self.finish(self.launch(plan, wait_masks))
 
     def compute_logits(self, plan: StepPlan) -> tuple[np.ndarray, FlatChunks]:
         """Applies the plan and runs the model without sampling: (host float32 logits of its
@@ -221,6 +232,8 @@ class ModelRunner(StepRunner):
 
     def _launch(self, flat, chunks, num_logprobs, want_logits, masks) -> StepOutput:
         logits = self._logits(flat)
+        if callable(masks):
+            masks = masks()
         n, lp = len(chunks), None
         tokens = np.empty(n, np.int32)
         if n:

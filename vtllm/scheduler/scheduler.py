@@ -2,7 +2,8 @@
 placeholders that let the depth-2 executor plan step N+1 before the host has seen step N.
 
 Hot path: schedule() and update() run every step and must stay O(requests touched), never
-O(tokens). Keep them lean; put features in helpers.
+O(tokens). Keep them lean; put features in helpers. Over 400 lines because schedule(), _admit
+and _preempt_for share the block pool's invariants step by step; block_pool.py holds the rest.
 
 How placeholders work: a chunk that samples adds one placeholder to its request (a token that
 exists only in the device mirror). num_computed_tokens moves at schedule time, so a decode

@@ -1,4 +1,6 @@
 """Explicit 16-lane float32 vectors for numba kernels (a private helper of the CPU kernels).
+Long (over 400 lines) because it is one vocabulary: each intrinsic is a few lines of LLVM IR,
+and splitting them over modules would only scatter what the kernels import together.
 
 Why: batch invariance needs one fixed floating-point order per output element, and speed needs
 SIMD. Auto-vectorization without fastmath cannot reorder a reduction, and with fastmath the

@@ -57,3 +57,13 @@ def test_held_text_stays_short_over_a_long_stream(default_model):
     for i in ids:
         stream.push([i], final=False)
         assert len(stream.pending) <= len("never appears") - 1
+
+
+def test_an_output_cut_inside_a_character_ends_as_a_whole_decode_renders_it(default_model):
+    tok = default_model.tokenizer
+    ids = tok.encode("ok 🎉")
+    cut = next(n for n in range(1, len(ids)) if tok.decode(ids[:n]).endswith("\ufffd"))
+    stream = TextStream(tok, [], SamplingParams())
+    sent = "".join(stream.push([i], final=False) for i in ids[:cut])
+    assert "\ufffd" not in sent  # held back while more tokens may complete it
+    assert sent + stream.push([], final=True) == tok.decode(ids[:cut])

@@ -21,8 +21,10 @@ class TextStream:
 
     def push(self, token_ids: list[int], *, final: bool) -> str:
         """Adds tokens; returns the text that is now safe to send."""
-        if self.stopped_by is None and token_ids:
+        if self.stopped_by is None and (token_ids or final):
             self.pending += self.detokenizer.push(token_ids)
+            if final:
+                self.pending += self.detokenizer.flush()
             self._find_stop()
         if final or self.stopped_by:
             cut = len(self.pending)

@@ -119,6 +119,17 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         return full[len(prefix) :]
 
+    def flush(self) -> str:
+        """At the end of the output: the text push held back, an unfinished character shown
+        as U+FFFD as a whole decode of the ids renders it."""
+        if self.read_offset == len(self.ids):
+            return ""
+        decode, skip = self.tokenizer.decode, self.skip_special_tokens
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
+        full = decode(self.ids[self.prefix_offset :], skip_special_tokens=skip)
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix) :] if len(full) > len(prefix) else ""
+
 
 def from_tokenizer_json(directory: Path) -> Tokenizer:
     from tokenizers import Tokenizer as Backend

@@ -21,7 +21,7 @@ def state():
     state = build_state(config)
     state.status = "ok"
     yield state
-    state.loop.backend.close()
+    state.engine.backend.close()
 
 
 TEMPLATES = [
@@ -44,7 +44,7 @@ def test_template_that_raises_is_a_400_and_engine_untouched(state, source, said)
     tokenizer.chat_template = source
     hostile = copy.copy(state)
     hostile.tokenizer = tokenizer
-    added = state.loop.num_added
+    added = state.engine.loop.num_added
     with TestClient(build_app(hostile)) as client:
         for stream in (False, True):
             r = client.post(CC, json={"messages": MSG, "max_tokens": 2, "stream": stream})
@@ -53,5 +53,5 @@ def test_template_that_raises_is_a_400_and_engine_untouched(state, source, said)
             error = r.json()["error"]
             assert error["param"] == "messages" and said in error["message"]
             assert len(error["message"]) <= 512
-    assert state.loop.num_added == added
-    assert state.loop.scheduler.num_used_blocks == 0
+    assert state.engine.loop.num_added == added
+    assert state.engine.scheduler.num_used_blocks == 0

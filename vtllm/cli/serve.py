@@ -53,21 +53,20 @@ async def warm_up(state, clock) -> None:
     first call; the step loop's observer (metrics) does not see it."""
     from vtllm.scheduler.sampling_params import SamplingParams
 
-    observer, state.loop.observer = state.loop.observer, None  # the warm-up is not traffic
+    engine = state.engine
+    observer, engine.observer = engine.observer, None  # the warm-up is not traffic
     clock.warmup_starts()
     async with anyio.create_task_group() as tg:  # compile kernels before taking traffic
-        await tg.start(state.loop.run)
+        await tg.start(engine.run)
         delay = state.config.debug_warmup_delay_s
         if delay > 0:  # a slow load or compile, for tests of the start-up ordering
             log.warning("holding the warm-up for %.1fs (VT_DEBUG_WARMUP_DELAY_S)", delay)
             await anyio.sleep(delay)
         params = SamplingParams(max_tokens=2, logprobs=1, seed=0, top_p=0.9)
-        collector = state.loop.add("warm-up", [1, 2, 3], params)
-        while not (await collector.get()).finished:
+        async for _ in engine.submit([[1, 2, 3]], params, prefix="warm-up"):
             pass
-        state.loop.stop()
-    state.loop.stopping = False
-    state.loop.observer = observer
+        engine.stop()
+    engine.observer = observer
     clock.warmup_done()
 
 

@@ -161,6 +161,6 @@ def run_warmup(args) -> int:
         anyio.run(warm_up, state, clock)
     finally:
         clock.stop_listening()
-    state.loop.backend.close()
+    state.engine.backend.close()
     log.info("%s", clock.summary("warmup done"))
     return 0

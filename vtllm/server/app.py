@@ -39,11 +39,6 @@ class ServerState:
     faults: tuple | None = None  # (FaultyBackend, BlockHog) with VT_DEBUG_FAULTS
     frame_fault: object | None = None  # sse.FrameFault with VT_DEBUG_FAULTS
 
-    @property
-    def loop(self):
-        """The engine's step loop, which the warm-up (cli/serve.py) drives before serving."""
-        return self.engine.loop
-
 
 async def _internal_error(_request, _exc):
     return error_response(500, "internal server error", "internal_error")

@@ -12,8 +12,9 @@ next token's mask and feeding the token, as the step loop does between steps.
 
 import argparse
 import json
-import platform
 import time
+
+from vtllm.cli.bench import machine
 
 SCHEMA = {
     "type": "object",
@@ -27,16 +28,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 TOPICS = ["a pilot", "a baker", "a chess player", "a nurse", "a painter", "a farmer", "a coder"]
-
-
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def _is_json(text: str) -> bool:
@@ -104,7 +95,7 @@ def main() -> int:
         replayed += len(out.outputs[0].token_ids)
     valid = sum(_is_json(o.outputs[0].text) for o in outputs[True])
     report = {
-        "cpu": _cpu_model(),
+        "machine": machine(),
         "concurrency": len(prompts),
         "max_tokens": args.max_tokens,
         "unconstrained_tok_s": round(best[False], 1),

@@ -34,6 +34,35 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+
+
+def machine(cpuinfo: str | None = None) -> str:
+    """The CPU model, its usable cores and its SIMD features: rows of different machines must
+    never be compared, and the kernels' speed depends on these features."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model, flags = platform.processor() or "unknown CPU", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+            break
+    try:
+        import os
+
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = 0
+    features = " ".join(f for f in SIMD_FLAGS if f in flags) or "no AVX2"
+    return f"{model}, {cores} cores usable, {features}"
+
+
 def run_bench(args) -> int:
     from vtllm.cli.generate import load_llm
 
@@ -48,7 +77,7 @@ def run_bench(args) -> int:
             numerics = [settings.cpu_numerics]
         else:
             numerics = ["exact", "fast"]
-        report, loaded = {}, None
+        report, loaded = {"machine": machine()}, None
         for name in numerics:
             llm = load_llm(args, cpu_numerics=name, loaded_model=loaded, **overrides)
             loaded = llm.loaded
@@ -68,6 +97,8 @@ def run_bench(args) -> int:
     report = bench_throughput(
         llm, args.num_prompts, args.input_len, args.output_len, args.concurrency
     )
+    if isinstance(report, dict):
+        report = {"machine": machine(), **report}
     _print(report, args.json)
     return 0
 

@@ -219,6 +219,8 @@ class StepLoop:
                 self._idle_since = None
                 self._wake = anyio.Event()
         except Exception as exc:
+            # first: a step waiting for its masks holds the backend's worker, which a dying
+            # engine's callback may shut down
             self._release_late_masks()
             if self.on_dead is None:  # offline use (LLM, warm-up): the caller sees the error
                 self.fail_all("the engine stopped while serving this request")
@@ -228,7 +230,6 @@ class StepLoop:
             log.exception("engine step failed")
             self.die(f"an engine step failed ({exc.__class__.__name__})")
         except BaseException:
-            self._release_late_masks()
             self.fail_all("the engine stopped while serving this request")
             raise
         finally:

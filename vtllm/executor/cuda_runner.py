@@ -229,11 +229,11 @@ class CudaModelRunner(StepRunner):
     def _sampling_changed(self) -> None:  # the whole table in one copy
         self.sampling_staged.send(self._ring, self.stream)
 
-    def launch(self, plan: StepPlan):
+    def launch(self, plan: StepPlan, wait_masks=None):
         started = time.perf_counter()
         try:
             self.events[self._ring].synchronize()  # the staging slot's last user is done
-            return super().launch(plan)
+            return super().launch(plan, wait_masks)
         finally:
             self.launch_seconds += time.perf_counter() - started
 

@@ -53,10 +53,7 @@ class LLM:
             raise InvalidParameter(
                 "no embedding model: LLM(embedding_model=PATH) loads one", param="embedding_model"
             )
-        single = isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        )
-        prompts = [prompts] if single else list(prompts)
+        prompts = _prompt_list(prompts)
         ids = [embedder.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         ids = embedder.check(ids, truncate_prompt_tokens)
         vectors = embedder.embed(ids)
@@ -104,10 +101,7 @@ class LLM:
         """Runs every prompt to completion; `on_update(index, Delta)` sees outputs stream in.
         `sampling_params`: one SamplingParams for every prompt, or a list of one per prompt
         (vLLM's form)."""
-        single = isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        )
-        prompts = [prompts] if single else list(prompts)
+        prompts = _prompt_list(prompts)
         if isinstance(sampling_params, list | tuple):
             if len(sampling_params) != len(prompts):
                 raise InvalidParameter(
@@ -187,3 +181,11 @@ def _request_output(stream: Stream, text: str | None, ids: list[int]) -> Request
         # vLLM's shape: the first prompt token has no logprob
         prompt_logprobs=[None, *last.prompt_logprobs] if last.prompt_logprobs else None,
     )
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (a string or a list of token ids) or several, as a list of prompts."""
+    single = isinstance(prompts, str) or (
+        isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+    )
+    return [prompts] if single else list(prompts)

@@ -21,7 +21,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    # Gemma (models/gemma); the Llama forward reads none of these.
+    rotary_dim: int = 0  # dims of a head that rotate (Phi's partial rotary); 0: head_dim
+    # Gemma (models/gemma); the Llama forward reads sliding_window alone (Mistral, Phi-3: on
+    # every layer).
     sliding_window: int = 0  # keys a windowed layer sees, itself included; 0: no window
     sliding_layers: tuple[bool, ...] = ()  # per layer: whether the window applies
     rope_local_theta: float = 0.0  # rope base of windowed layers when not rope_theta (Gemma 3)

@@ -1,13 +1,16 @@
-"""The Llama family forward (llama, mistral, qwen2, qwen3): the only one, for every backend.
+"""The Llama family forward (llama, mistral, qwen2, qwen3, phi3): the only one, for every
+backend.
 
 Pre-norm decoder layers over a residual stream; GQA attention over a paged KV cache with
-rotary positions (qwen3: q/k norm first; qwen2: a qkv bias); a SwiGLU MLP; tied or untied
-lm_head. The backend's ops (models/ops) say how each step runs: kernels, buffers, fusions.
+rotary positions (qwen3: q/k norm first; qwen2: a qkv bias; mistral, phi3: a sliding window
+on every layer when the config sets one); a SwiGLU MLP; tied or untied lm_head. The backend's
+ops (models/ops) say how each step runs: kernels, buffers, fusions.
 Hot path: keep it lean, put features in helpers.
 """
 
 import numpy as np
 
+from vtllm.errors import UnsupportedModel
 from vtllm.models.config import ModelConfig
 from vtllm.models.ops import KVCache, Ops, StepInputs
 from vtllm.models.weights import ModelWeights
@@ -22,7 +25,12 @@ def rope_table(config: ModelConfig, weights: ModelWeights, max_positions: int, o
         if ops is None:
             from vtllm.kernels import rope_table as ops
         return ops.rope_cos_sin(
-            max_positions, config.head_dim, config.rope_theta, scaling=config.rope_scaling
+            max_positions,
+            config.head_dim,
+            config.rope_theta,
+            scaling=config.rope_scaling,
+            rotary_dim=config.rotary_dim,
+            context_len=max_positions - 1,  # runners size the table max_model_len + 1
         )
     # GGUF llama3 files carry the scaling as per-frequency divisors instead of parameters.
     dim = config.head_dim
@@ -36,11 +44,23 @@ class LlamaModel:
     def __init__(self, config: ModelConfig, weights: ModelWeights, ops: Ops, max_positions: int):
         self.config = config
         self.ops = ops
-        self.w = ops.bind(weights, rope_table(config, weights, max_positions))
+        cos_sin = rope_table(config, weights, max_positions)
+        self.w = ops.bind(weights, cos_sin)
         # The CPU's fast numerics run a whole layer in one call (one numba dispatch instead
         # of a dozen, and its scratch stays in cache); None where the backend has no such
         # kernel for these weights, or to run the ops one by one (same bits).
         self.fused = ops.fused_layers(weights)
+        self.window_spec = None
+        # a window no shorter than the longest sequence changes nothing: plain attention
+        if 0 < config.sliding_window < max_positions - 1:
+            if not hasattr(ops, "attention_spec"):
+                raise UnsupportedModel(
+                    f"{config.architecture}: sliding_window {config.sliding_window} shorter "
+                    "than max_model_len needs windowed attention, which this backend lacks"
+                )
+            scale = float(config.head_dim) ** -0.5
+            self.window_spec = ops.attention_spec(cos_sin, scale, config.sliding_window, 0.0)
+            self.fused = None  # the fused layer attends without a window
 
     def forward(self, step: StepInputs):
         """Runs every layer over the step's tokens; returns float32 logits [R, vocab]."""
@@ -53,7 +73,12 @@ class LlamaModel:
         for i, layer in enumerate(w.layers):
             x = ops.rms_norm(h, layer.attn_norm)
             qkv = ops.qkv_proj(x, layer.qkv, layer.qkv_bias)
-            attn = ops.attention(qkv, layer.q_norm, layer.k_norm, i, step)
+            if self.window_spec is None:
+                attn = ops.attention(qkv, layer.q_norm, layer.k_norm, i, step)
+            else:
+                attn = ops.attention_with(
+                    qkv, layer.q_norm, layer.k_norm, i, step, self.window_spec
+                )
             ops.add_linear(attn, layer.o, h)
             x = ops.rms_norm(h, layer.ffn_norm)
             ops.add_linear(ops.gated_up(x, layer.gate_up), layer.down, h)

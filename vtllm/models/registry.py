@@ -23,6 +23,8 @@ _FAMILIES = {
     "qwen3": Family("qwen3", qk_norm=True),
     "gemma2": Family("gemma2", forward="gemma", cuda=False, gguf=False),
     "gemma3": Family("gemma3", qk_norm=True, forward="gemma", cuda=False, gguf=False),
+    # the Llama forward; its own config and tensor names (models/phi3_checkpoint)
+    "phi3": Family("phi3", cuda=False, gguf=False),
 }
 
 # HF `architectures[0]` -> family name
@@ -34,6 +36,7 @@ _HF_ARCHITECTURES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text model alone
+    "Phi3ForCausalLM": "phi3",
 }
 
 

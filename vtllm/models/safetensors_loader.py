@@ -12,7 +12,7 @@ import numpy as np
 
 from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.kernels import QType
-from vtllm.models import gemma_checkpoint
+from vtllm.models import gemma_checkpoint, phi3_checkpoint
 from vtllm.models.config import ModelConfig
 from vtllm.models.registry import family_for_hf, lookup
 from vtllm.models.weights import LayerWeights, ModelWeights, Weight
@@ -34,6 +34,8 @@ def read_config(directory: Path) -> ModelConfig:
         raise ModelLoadError(f"{path}: invalid JSON ({exc})") from None
     fam = family_for_hf(cfg.get("architectures") or [cfg.get("model_type", "?")])
     try:
+        if fam.name == "phi3":
+            return phi3_checkpoint.read_config(cfg, fam, path)
         if fam.forward == "gemma":
             return gemma_checkpoint.read_config(cfg, fam, path)
         hidden = int(cfg["hidden_size"])
@@ -45,10 +47,13 @@ def read_config(directory: Path) -> ModelConfig:
                 raise UnsupportedModel(f"{path}: rope scaling {kind!r} is not supported")
             scaling = None if kind == "default" else {**scaling, "rope_type": kind}
         eos = cfg.get("eos_token_id")
+        layers = int(cfg["num_hidden_layers"])
+        # HF Mistral windows every layer when sliding_window is set (Mistral-7B-v0.1: 4096)
+        window = int(cfg.get("sliding_window") or 0) if fam.name == "mistral" else 0
         return ModelConfig(
             architecture=fam.name,
             hidden_size=hidden,
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=layers,
             num_heads=num_heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
             head_dim=int(cfg.get("head_dim") or hidden // num_heads),
@@ -63,6 +68,8 @@ def read_config(directory: Path) -> ModelConfig:
             qk_norm=fam.qk_norm,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple([eos] if isinstance(eos, int) else (eos or [])),
+            sliding_window=window,
+            sliding_layers=(bool(window),) * layers,
         )
     except KeyError as exc:
         raise ModelLoadError(f"{path}: missing field {exc.args[0]}") from None
@@ -128,6 +135,8 @@ def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
             return (data.astype(np.uint32) << 16).view(np.float32)
         return data.astype(np.float32)
 
+    if config.architecture == "phi3":
+        return phi3_checkpoint.load_weights(tensors, config, directory, matrix, vector)
     if lookup(config.architecture).forward == "gemma":
         return gemma_checkpoint.load_weights(tensors, config, directory, matrix, vector)
     layers = []

@@ -22,6 +22,10 @@ class CpuOps:
         self.scale = float(config.head_dim) ** -0.5
         self.kv: KVCache | None = None
         self.bufs: dict[str, np.ndarray] = {}
+        if config.num_experts:  # imported here: the CPU kernels compile on import
+            from vtllm.kernels.cpu import moe
+
+            self.moe = moe
 
     # -- binding --------------------------------------------------------------------------
     def bind(self, weights: ModelWeights, cos_sin) -> ModelWeights:
@@ -207,6 +211,42 @@ class CpuOps:
     def soft_cap(self, logits, cap: float) -> np.ndarray:
         self.k.soft_cap(logits, cap)
         return logits
+
+    # -- what the MoE forward adds (models/ops.MoeOps) --------------------------------------
+    def route(self, x, router: Weight, top_k: int, renormalize: bool) -> tuple:
+        n = x.shape[0]
+        logits = self.k.empty((n, router.shape[0]), np.float32)
+        self.k.linear(x, router.data, router.qtype, logits)
+        ids = np.empty((n, top_k), np.int32)
+        weights = np.empty((n, top_k), np.float32)
+        self.moe.route_top_k(logits, renormalize, ids, weights)
+        return ids, weights
+
+    def add_experts(self, x, routing, gate_up: list, down: list[Weight], h: Hidden) -> None:
+        """Each expert's linears over its routed rows only (gathered in expert order, so each
+        expert's rows are one contiguous slice), then each token's sum in rank order."""
+        ids, weights = routing
+        k, moe, num_experts = self.k, self.moe, len(down)
+        rows, hidden, width = ids.size, x.shape[1], down[0].shape[1]
+        order = np.empty(rows, np.int32)
+        position = np.empty(rows, np.int32)
+        offsets = np.empty(num_experts + 1, np.int32)
+        moe.group_by_expert(ids, num_experts, order, position, offsets)
+        xs = k.empty((rows, hidden), np.float32)
+        np.take(x, order // ids.shape[1], axis=0, out=xs)
+        gu = k.empty((rows, 2 * width), np.float32)
+        act = k.empty((rows, width), np.float32)
+        ys = k.empty((rows, hidden), np.float32)
+        for e in range(num_experts):
+            a, b = offsets[e], offsets[e + 1]
+            if a == b:
+                continue
+            self._project(xs[a:b], gate_up[e], gu[a:b], None)
+            k.silu_and_mul(gu[a:b], act[a:b])
+            k.linear(act[a:b], down[e].data, down[e].qtype, ys[a:b])
+        out = self.bufs["h"]
+        moe.combine(ys, position, weights, out)
+        h.pending = out
 
 
 def _round_to(x: np.ndarray, qtype: QType) -> np.ndarray:

@@ -124,3 +124,20 @@ class GemmaOps(Ops, Protocol):
 
     def soft_cap(self, logits, cap: float) -> object:
         """logits <- cap * tanh(logits / cap), in place; returns them."""
+
+
+class MoeOps(Ops, Protocol):
+    """What the mixture-of-experts forward (models/moe) asks beyond Ops: the router and the
+    routed experts. executor/cpu_ops implements it; the CUDA backend does not yet (its runner
+    refuses the families at load)."""
+
+    def route(self, x, router, top_k: int, renormalize: bool) -> object:
+        """Each token's top_k experts and their weights, from softmax(x @ router.T) in
+        float32: experts in rank order (probability descending, ties to the lower index),
+        weights divided by their sum when renormalize."""
+
+    def add_experts(self, x, routing, gate_up, down, h: Hidden) -> None:
+        """Per token, the sum over its routed experts in rank order of weight *
+        down(silu(gate) * up) of its row of x, into the residual stream; gate_up and down
+        per expert, as MoeWeights holds them. A token's bits are its own: never a function
+        of the other tokens of the step or of an expert."""

@@ -25,6 +25,8 @@ _FAMILIES = {
     "gemma3": Family("gemma3", qk_norm=True, forward="gemma", cuda=False, gguf=False),
     # the Llama forward; its own config and tensor names (models/phi3_checkpoint)
     "phi3": Family("phi3", cuda=False, gguf=False),
+    "qwen3_moe": Family("qwen3_moe", qk_norm=True, forward="moe", cuda=False, gguf=False),
+    "mixtral": Family("mixtral", forward="moe", cuda=False, gguf=False),
 }
 
 # HF `architectures[0]` -> family name
@@ -37,6 +39,8 @@ _HF_ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text model alone
     "Phi3ForCausalLM": "phi3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 
 
@@ -69,10 +73,15 @@ def family_for_hf(architectures: list[str]) -> Family:
 
 def model_class(architecture: str):
     """The forward of an architecture's family (models/<family>.py)."""
-    if lookup(architecture).forward == "gemma":
+    forward = lookup(architecture).forward
+    if forward == "gemma":
         from vtllm.models.gemma import GemmaModel
 
         return GemmaModel
+    if forward == "moe":
+        from vtllm.models.moe import MoeModel
+
+        return MoeModel
     from vtllm.models.llama import LlamaModel
 
     return LlamaModel

@@ -12,7 +12,7 @@ import numpy as np
 
 from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.kernels import QType
-from vtllm.models import gemma_checkpoint, phi3_checkpoint
+from vtllm.models import gemma_checkpoint, moe_checkpoint, phi3_checkpoint
 from vtllm.models.config import ModelConfig
 from vtllm.models.registry import family_for_hf, lookup
 from vtllm.models.weights import LayerWeights, ModelWeights, Weight
@@ -38,6 +38,8 @@ def read_config(directory: Path) -> ModelConfig:
             return phi3_checkpoint.read_config(cfg, fam, path)
         if fam.forward == "gemma":
             return gemma_checkpoint.read_config(cfg, fam, path)
+        if fam.forward == "moe":
+            return moe_checkpoint.read_config(cfg, fam, path)
         hidden = int(cfg["hidden_size"])
         num_heads = int(cfg["num_attention_heads"])
         scaling = cfg.get("rope_scaling") or None
@@ -137,8 +139,11 @@ def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
 
     if config.architecture == "phi3":
         return phi3_checkpoint.load_weights(tensors, config, directory, matrix, vector)
-    if lookup(config.architecture).forward == "gemma":
+    forward = lookup(config.architecture).forward
+    if forward == "gemma":
         return gemma_checkpoint.load_weights(tensors, config, directory, matrix, vector)
+    if forward == "moe":
+        return moe_checkpoint.load_weights(tensors, config, directory, matrix, vector)
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."

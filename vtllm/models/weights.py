@@ -39,18 +39,31 @@ def concat_rows(weights: list[Weight]) -> Weight:
 
 
 @dataclass(slots=True)
+class MoeWeights:
+    """A layer's routed experts (models/moe)."""
+
+    router: Weight  # [num_experts, hidden]
+    gate_up: list[list[Weight]]  # per expert: one fused [2 * moe_intermediate, hidden], or gate, up
+    down: list[Weight]  # per expert: [hidden, moe_intermediate]
+
+    def matrices(self) -> list[Weight]:
+        return [self.router, *(w for pair in self.gate_up for w in pair), *self.down]
+
+
+@dataclass(slots=True)
 class LayerWeights:
     attn_norm: np.ndarray  # float32 [hidden]
     qkv: list[Weight]  # one fused [q_size + 2 * kv_size, hidden], or q, k, v when types differ
     o: Weight  # [hidden, q_size]
     ffn_norm: np.ndarray
-    gate_up: list[Weight]  # one fused [2 * intermediate, hidden], or gate, up
-    down: Weight  # [hidden, intermediate]
+    gate_up: list[Weight]  # one fused [2 * intermediate, hidden], or gate, up; [] with moe
+    down: Weight | None  # [hidden, intermediate]; None with moe
     qkv_bias: np.ndarray | None = None  # float32 [q_size + 2 * kv_size]
     q_norm: np.ndarray | None = None  # float32 [head_dim]
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None  # Gemma: on the attention's output, before the add
     post_ffn_norm: np.ndarray | None = None  # Gemma: on the MLP's output, before the add
+    moe: MoeWeights | None = None  # routed experts in place of the dense MLP (gate_up, down)
 
 
 @dataclass(slots=True)
@@ -67,6 +80,10 @@ class ModelWeights:
         if self.lm_head is not self.embed:
             total += self.lm_head.nbytes
         for layer in self.layers:
-            for w in (*layer.qkv, layer.o, *layer.gate_up, layer.down):
+            for w in (*layer.qkv, layer.o, *layer.gate_up):
                 total += w.nbytes
+            if layer.down is not None:
+                total += layer.down.nbytes
+            if layer.moe is not None:
+                total += sum(w.nbytes for w in layer.moe.matrices())
         return total

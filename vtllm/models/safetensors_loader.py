@@ -12,7 +12,7 @@ import numpy as np
 
 from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.kernels import QType
-from vtllm.models import gemma_checkpoint, moe_checkpoint, phi3_checkpoint
+from vtllm.models import fp8, gemma_checkpoint, moe_checkpoint, phi3_checkpoint
 from vtllm.models.config import ModelConfig
 from vtllm.models.registry import family_for_hf, lookup
 from vtllm.models.weights import LayerWeights, ModelWeights, Weight
@@ -21,6 +21,7 @@ _DTYPES = {
     "F32": (np.float32, QType.F32),
     "F16": (np.float16, QType.F16),
     "BF16": (np.uint16, QType.BF16),
+    "F8_E4M3": (fp8.CODE_DTYPE, None),  # byte codes, dequantized at load (models/fp8)
 }
 
 
@@ -116,7 +117,7 @@ def map_tensors(directory: Path) -> dict[str, np.ndarray]:
 
 
 def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
-    tensors = map_tensors(directory)
+    tensors = fp8.dequantize_checkpoint(map_tensors(directory), directory)
 
     def get(name: str) -> np.ndarray:
         try:

@@ -96,7 +96,7 @@ def test_config_fields():
     assert read(raw) == mini
 
 
-def test_longrope_table_is_chosen_once_by_the_model_length():
+def test_longrope_table_is_chosen_once_by_the_model_length(tmp_path):
     """Short factors while the engine's sequences fit original_max_position_embeddings, long
     ones beyond (HF would switch the whole sequence there, which a paged cache cannot redo);
     cos and sin times the attention factor either way."""
@@ -113,9 +113,14 @@ def test_longrope_table_is_chosen_once_by_the_model_length():
     explicit = rope_cos_sin(8, 16, 1e4, scaling={**s, "attention_factor": 1.5})
     plain = rope_cos_sin(8, 16, 1e4, scaling={**s, "attention_factor": 1.0})
     assert np.allclose(explicit, 1.5 * plain, rtol=1e-6, atol=0)
-    # what the model builds: its table follows the runner's max_model_len (table + 1 rows)
-    loaded_long = rope_cos_sin(201, 16, 1e4, scaling=s, context_len=200)
-    assert np.array_equal(loaded_long, rope_cos_sin(201, 16, 1e4, scaling=s, context_len=129))
+    # the model's table: runners ask for max_model_len + 1 rows
+    loaded = load_model(write(tmp_path, "phi3"))
+    for max_model_len, key in ((128, "short_factor"), (129, "long_factor")):
+        ops = CpuOps(kernels, loaded.config)
+        LlamaModel(loaded.config, loaded.weights, ops, max_model_len + 1)
+        freqs = np.arange(max_model_len + 1.0)[:, None] * inv / np.array(s[key])
+        want = np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1) * attn
+        assert np.array_equal(ops.cos_sin, want.astype(np.float32)), max_model_len
 
 
 def test_partial_rotary_table_and_row_order():

@@ -7,12 +7,14 @@ import numpy as np
 
 from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.kernels import QType
+from vtllm.models import moe_checkpoint
 from vtllm.models.config import ModelConfig
 from vtllm.models.gguf_file import GGUFFile
 from vtllm.models.registry import Family, family
 from vtllm.models.weights import (
     LayerWeights,
     ModelWeights,
+    MoeWeights,
     Weight,
     concat_rows,
     weight_from_array,
@@ -39,7 +41,7 @@ def read_config(reader, path: Path) -> tuple[ModelConfig, Family]:
     arch = field(reader, "general.architecture")
     if arch is None:
         raise ModelLoadError(f"{path}: GGUF metadata has no general.architecture")
-    fam = family(arch)
+    fam = family(arch, int(field(reader, f"{arch}.expert_count") or 0))
 
     def need(key: str):
         value = field(reader, f"{arch}.{key}")
@@ -50,6 +52,10 @@ def read_config(reader, path: Path) -> tuple[ModelConfig, Family]:
     hidden = int(need("embedding_length"))
     num_heads = int(need("attention.head_count"))
     names = {t.name for t in reader.tensors}
+    layers = int(need("block_count"))
+    experts = moe_checkpoint.gguf_config_fields(
+        lambda key: field(reader, key), arch, names, layers, path
+    )
     vocab = field(reader, f"{arch}.vocab_size")
     if vocab is None:
         vocab = len(field(reader, "tokenizer.ggml.tokens", []))
@@ -63,7 +69,7 @@ def read_config(reader, path: Path) -> tuple[ModelConfig, Family]:
     config = ModelConfig(
         architecture=fam.name,
         hidden_size=hidden,
-        num_layers=int(need("block_count")),
+        num_layers=layers,
         num_heads=num_heads,
         num_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", num_heads)),
         head_dim=int(field(reader, f"{arch}.attention.key_length", hidden // num_heads)),
@@ -78,6 +84,7 @@ def read_config(reader, path: Path) -> tuple[ModelConfig, Family]:
         qk_norm=fam.qk_norm,
         bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
+        **experts,
     )
     return config, fam
 
@@ -110,7 +117,8 @@ def fuse(weights: list[Weight]) -> list[Weight]:
 def load_weights(reader, config: ModelConfig, fam: Family, path: Path) -> ModelWeights:
     tensors = {t.name: t for t in reader.tensors}
 
-    def matrix(name: str) -> Weight:
+    def stored(name: str):
+        """The tensor and its QType (refused where no kernel reads it)."""
         t = tensors.get(name)
         if t is None:
             raise ModelLoadError(f"{path}: tensor {name} is missing")
@@ -123,11 +131,30 @@ def load_weights(reader, config: ModelConfig, fam: Family, path: Path) -> ModelW
                 f"{path}: tensor {name} has quantization type {kind}, which has "
                 f"no kernel here (supported: {', '.join(q.name for q in QType)})"
             )
+        return t, qtype
+
+    def matrix(name: str) -> Weight:
+        t, qtype = stored(name)
         if len(t.shape) != 2:
             raise ModelLoadError(f"{path}: tensor {name} is not a matrix (shape {t.shape})")
         cols, rows = t.shape  # GGUF lists the fastest dimension first
         data = t.data.view(_FLOAT_VIEWS.get(qtype, np.uint8))
         return weight_from_array(data, qtype, (rows, cols))
+
+    def experts(name: str) -> list[Weight]:
+        """A 3-D ffn_*_exps tensor as one matrix per expert, each a view of its bytes."""
+        t, qtype = stored(name)
+        if len(t.shape) != 3 or t.shape[2] != config.num_experts:
+            raise ModelLoadError(
+                f"{path}: tensor {name} is not {config.num_experts} experts' matrices "
+                f"(shape {t.shape})"
+            )
+        cols, rows, n = t.shape  # the expert is the slowest dimension: contiguous bytes each
+        data = t.data.view(_FLOAT_VIEWS.get(qtype, np.uint8))
+        per = data.size // n
+        return [
+            weight_from_array(data[e * per : (e + 1) * per], qtype, (rows, cols)) for e in range(n)
+        ]
 
     def vector(name: str) -> np.ndarray:
         t = tensors.get(name)
@@ -155,14 +182,23 @@ def load_weights(reader, config: ModelConfig, fam: Family, path: Path) -> ModelW
                 qb = _unpermute_vector(qb, config.num_heads)
                 kb = _unpermute_vector(kb, config.num_kv_heads)
             bias = np.concatenate([qb, kb, vector(p + "attn_v.bias")])
+        moe, gate_up, down = None, [], None
+        if config.is_moe_layer(i):  # kept per expert and unfused: views, never copies
+            gate, up, downs = (experts(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+            pairs = [[g, u] for g, u in zip(gate, up, strict=True)]
+            moe = MoeWeights(matrix(p + "ffn_gate_inp.weight"), pairs, downs)
+        else:
+            gate_up = fuse([matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight")])
+            down = matrix(p + "ffn_down.weight")
         layers.append(
             LayerWeights(
                 attn_norm=vector(p + "attn_norm.weight"),
                 qkv=fuse([q, k, v]),
                 o=matrix(p + "attn_output.weight"),
                 ffn_norm=vector(p + "ffn_norm.weight"),
-                gate_up=fuse([matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight")]),
-                down=matrix(p + "ffn_down.weight"),
+                gate_up=gate_up,
+                down=down,
+                moe=moe,
                 qkv_bias=bias,
                 q_norm=vector(p + "attn_q_norm.weight") if config.qk_norm else None,
                 k_norm=vector(p + "attn_k_norm.weight") if config.qk_norm else None,

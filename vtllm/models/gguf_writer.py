@@ -4,7 +4,9 @@ the GPU benchmarks (bench/gpu.py).
 llama.cpp reads GGUF only, and its own converter (convert_hf_to_gguf.py) needs torch and
 names a tokenizer's pre-tokenizer by a hash of its output, which a synthetic checkpoint's
 tokenizer does not match. This writes what that converter writes for the families vtllm loads
-(llama, qwen2, qwen3): F16 matrices; F32 norms and biases; the llama family's Q and K rows
+(llama, qwen2, qwen3, and the MoE families: qwen3moe, and Mixtral as llama with experts, each
+layer's experts stacked into one 3-D ffn_{gate,up,down}_exps tensor and its router as an F32
+ffn_gate_inp): F16 matrices; F32 norms and biases; the llama family's Q and K rows
 permuted for llama.cpp's rotation; llama3 rope scaling as per-frequency divisors
 (`rope_freqs.weight`); a byte-level BPE tokenizer as a gpt2 vocabulary with the default
 pre-tokenizer (the benchmarks send token ids). Tensors are converted and written one at a
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from vtllm.errors import UnsupportedModel
+from vtllm.models.moe_checkpoint import hub_block, hub_names
 from vtllm.models.safetensors_loader import map_tensors, read_config
 
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_UNUSED = 1, 3, 5  # llama.cpp's token types
@@ -58,8 +61,9 @@ def llama3_rope_freqs(config) -> np.ndarray:
 
 
 def _tensors(config, fam):
-    """(GGUF name, HF name, kind, heads to permute by) in file order; kind is "matrix" (F16)
-    or "vector" (F32)."""
+    """(GGUF name, HF name, kind, heads to permute by) in file order; kind is "matrix" (F16),
+    "vector" (F32), "router" (an F32 matrix) or "experts" (F16 matrices stacked, one HF name
+    each, in a tuple)."""
     out = [("token_embd.weight", "model.embed_tokens.weight", "matrix", None)]
     qk_heads = (config.num_heads, config.num_kv_heads) if fam.gguf_qk_permuted else (None, None)
     for i in range(config.num_layers):
@@ -84,6 +88,15 @@ def _tensors(config, fam):
         out += [
             (g + "attn_output.weight", h + "self_attn.o_proj.weight", "matrix", None),
             (g + "ffn_norm.weight", h + "post_attention_layernorm.weight", "vector", None),
+        ]
+        if config.is_moe_layer(i):
+            router, experts = hub_names(config, hub_block(config, i))
+            out.append((g + "ffn_gate_inp.weight", router, "router", None))
+            for n, part in enumerate(("gate", "up", "down")):
+                stacked = tuple(names[n] for names in experts)
+                out.append((g + f"ffn_{part}_exps.weight", stacked, "experts", None))
+            continue
+        out += [
             (g + "ffn_gate.weight", h + "mlp.gate_proj.weight", "matrix", None),
             (g + "ffn_up.weight", h + "mlp.up_proj.weight", "matrix", None),
             (g + "ffn_down.weight", h + "mlp.down_proj.weight", "matrix", None),
@@ -92,6 +105,10 @@ def _tensors(config, fam):
     if not config.tie_word_embeddings:
         out.append(("output.weight", "lm_head.weight", "matrix", None))
     return out
+
+
+def _names(hf) -> tuple[str, ...]:
+    return hf if isinstance(hf, tuple) else (hf,)
 
 
 def _as_float32(data: np.ndarray) -> np.ndarray:
@@ -130,7 +147,7 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
     """Writes `out` (GGUF, F16 matrices) from the HF-format checkpoint directory."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    from vtllm.models.registry import family
+    from vtllm.models.registry import family, gguf_architecture
 
     checkpoint = Path(checkpoint)
     config = read_config(checkpoint)
@@ -139,8 +156,7 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
     if scaling not in (None, "llama3"):
         raise UnsupportedModel(f"{checkpoint}: rope scaling {scaling!r} is not written to GGUF")
     source = map_tensors(checkpoint)
-    arch = config.architecture
-    writer = GGUFWriter(str(out), arch)
+    writer = GGUFWriter(str(out), gguf_architecture(fam))
     writer.add_file_type(_MOSTLY_F16)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -154,6 +170,13 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_vocab_size(config.vocab_size)
+    if config.num_experts:
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+        # llama.cpp renormalizes the top-k weights of both families and reads no key for it;
+        # vtllm's loader reads this one, so a Qwen3-MoE without norm_topk_prob survives
+        writer.add_expert_weights_norm(config.norm_topk_prob)
     tokens, types, merges = _vocabulary(checkpoint, config.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -166,15 +189,15 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
         writer.add_eos_token_id(config.eos_token_ids[0])
 
     plan = _tensors(config, fam)
-    missing = [hf for _, hf, _, _ in plan if hf not in source]
+    missing = [n for _, hf, _, _ in plan for n in _names(hf) if n not in source]
     if missing:
         raise UnsupportedModel(f"{checkpoint}: tensor {missing[0]} is missing")
-    stored = {  # kind -> (numpy type, GGML type)
-        "matrix": (np.dtype(np.float16), GGMLQuantizationType.F16),
-        "vector": (np.dtype(np.float32), GGMLQuantizationType.F32),
-    }
+    f16 = (np.dtype(np.float16), GGMLQuantizationType.F16)
+    f32 = (np.dtype(np.float32), GGMLQuantizationType.F32)
+    stored = {"matrix": f16, "experts": f16, "vector": f32, "router": f32}  # kind -> types
     for name, hf, kind, _ in plan:
-        shape = source[hf].shape
+        first = source[_names(hf)[0]].shape
+        shape = (len(hf), *first) if kind == "experts" else first
         dtype, raw = stored[kind]
         writer.add_tensor_info(name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=raw)
     freqs = llama3_rope_freqs(config) if scaling == "llama3" else None
@@ -190,7 +213,10 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for _, hf, kind, heads in plan:
-        data = _as_float32(source[hf])
+        if kind == "experts":
+            data = np.stack([_as_float32(source[n]) for n in hf])
+        else:
+            data = _as_float32(source[hf])
         if heads is not None:
             data = permute_qk(data, heads)
         writer.write_tensor_data(data.astype(stored[kind][0]))

@@ -1,11 +1,12 @@
-"""Qwen3-MoE and Mixtral HF checkpoints: config.json fields and tensor names (models/moe).
+"""Qwen3-MoE and Mixtral checkpoints: config.json fields and tensor names (models/moe).
 
 Hub configs lean on the transformers classes' defaults, so they are spelled out here. Experts
 are read as the hub stores them, one matrix per expert and projection (Qwen3-MoE:
 `mlp.experts.{e}.gate_proj / up_proj / down_proj`; Mixtral: `block_sparse_moe.experts.{e}.w1 /
 w3 / w2`, gate / up / down), or as transformers 5 holds them in memory, one 3-D tensor per
 layer (`mlp.experts.gate_up_proj` [experts, 2 * width, hidden], `mlp.experts.down_proj`);
-either way as views of the file, never copied.
+either way as views of the file, never copied. GGUF files (llama.cpp's qwen3moe, and Mixtral
+as llama with experts) take their expert fields from gguf_config_fields.
 """
 
 from pathlib import Path
@@ -135,12 +136,31 @@ def read_config(raw: dict, fam: Family, path: Path) -> ModelConfig:
     )
 
 
-def _experts(tensors: dict, config: ModelConfig, p: str, matrix, directory: Path) -> MoeWeights:
-    """Layer prefix p's router and experts, from whichever layout the checkpoint has."""
-    mixtral = config.architecture == "mixtral"
-    block = p + (
-        "block_sparse_moe." if mixtral and p + "mlp.gate.weight" not in tensors else "mlp."
-    )
+def hub_block(config: ModelConfig, layer: int) -> str:
+    """A layer's MoE block prefix under the hub's names."""
+    block = "block_sparse_moe." if config.architecture == "mixtral" else "mlp."
+    return f"model.layers.{layer}.{block}"
+
+
+def hub_names(config: ModelConfig, block: str) -> tuple[str, list[tuple[str, str, str]]]:
+    """The router's name and each expert's (gate, up, down) names under a MoE block prefix,
+    one matrix per expert as the hub stores them."""
+    if block.endswith("block_sparse_moe."):
+        names, suffix = ("w1", "w3", "w2"), ""
+    else:
+        names, suffix = ("gate", "up", "down"), "_proj"
+    experts = [
+        tuple(f"{block}experts.{e}.{name}{suffix}.weight" for name in names)
+        for e in range(config.num_experts)
+    ]
+    return block + "gate.weight", experts
+
+
+def _experts(tensors: dict, config: ModelConfig, i: int, matrix, directory: Path) -> MoeWeights:
+    """Layer i's router and experts, from whichever layout the checkpoint has."""
+    block = hub_block(config, i)
+    if f"model.layers.{i}.mlp.gate.weight" in tensors:  # Mixtral as transformers 5 names it
+        block = f"model.layers.{i}.mlp."
     n = config.num_experts
     fused = tensors.get(block + "experts.gate_up_proj")
     if fused is not None:  # transformers 5's in-memory layout, saved as is
@@ -153,14 +173,9 @@ def _experts(tensors: dict, config: ModelConfig, p: str, matrix, directory: Path
             )
         gate_up = [[_view(fused[e])] for e in range(n)]
         return MoeWeights(matrix(block + "gate.weight"), gate_up, [_view(d) for d in down])
-    names = ("w1", "w3", "w2") if block.endswith("block_sparse_moe.") else ("gate", "up", "down")
-    suffix = "" if names[0] == "w1" else "_proj"
-    gate_up, down = [], []
-    for e in range(n):
-        gate, up, dn = (f"{block}experts.{e}.{name}{suffix}.weight" for name in names)
-        gate_up.append([matrix(gate), matrix(up)])
-        down.append(matrix(dn))
-    return MoeWeights(matrix(block + "gate.weight"), gate_up, down)
+    router, experts = hub_names(config, block)
+    gate_up = [[matrix(gate), matrix(up)] for gate, up, _ in experts]
+    return MoeWeights(matrix(router), gate_up, [matrix(down) for *_, down in experts])
 
 
 def _view(data: np.ndarray) -> Weight:
@@ -174,7 +189,7 @@ def load_weights(tensors: dict, config: ModelConfig, directory: Path, matrix, ve
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        moe = _experts(tensors, config, p, matrix, directory) if config.is_moe_layer(i) else None
+        moe = _experts(tensors, config, i, matrix, directory) if config.is_moe_layer(i) else None
         layers.append(
             LayerWeights(
                 attn_norm=vector(p + "input_layernorm.weight"),
@@ -196,3 +211,36 @@ def load_weights(tensors: dict, config: ModelConfig, directory: Path, matrix, ve
         final_norm=vector("model.norm.weight"),
         lm_head=embed if tied else matrix("lm_head.weight"),
     )
+
+
+def gguf_config_fields(field, arch: str, names: set[str], num_layers: int, path: Path) -> dict:
+    """ModelConfig's expert fields from GGUF metadata as llama.cpp writes it (expert_count,
+    expert_used_count, expert_feed_forward_length); {} for a file without experts. field:
+    key -> value or None. A layer without a router (ffn_gate_inp) keeps a dense MLP."""
+    num_experts = int(field(f"{arch}.expert_count") or 0)
+    if not num_experts:
+        return {}
+    if field(f"{arch}.expert_shared_count") or any("_shexp." in name for name in names):
+        _refuse(path, "a shared expert")
+    gating = field(f"{arch}.expert_gating_func")
+    if gating not in (None, 1):  # llama.cpp's ExpertGatingFuncType.SOFTMAX
+        _refuse(path, f"expert_gating_func {gating} (softmax only)")
+    if field(f"{arch}.expert_weights_scale") not in (None, 1.0):
+        _refuse(path, f"expert_weights_scale {field(f'{arch}.expert_weights_scale')}")
+    top_k = field(f"{arch}.expert_used_count")
+    if top_k is None:
+        raise ModelLoadError(f"{path}: GGUF metadata lacks {arch}.expert_used_count")
+    if not 1 <= int(top_k) <= num_experts:
+        _refuse(path, f"expert_used_count {top_k} of {num_experts} experts")
+    width = field(f"{arch}.expert_feed_forward_length") or field(f"{arch}.feed_forward_length")
+    norm = field(f"{arch}.expert_weights_norm")
+    return {
+        "num_experts": num_experts,
+        "num_experts_per_tok": int(top_k),
+        "moe_intermediate_size": int(width),
+        # llama.cpp renormalizes the top-k weights of both families unless told otherwise
+        "norm_topk_prob": True if norm is None else bool(norm),
+        "mlp_only_layers": tuple(
+            i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in names
+        ),
+    }

@@ -14,6 +14,7 @@ class Family(msgspec.Struct, frozen=True):
     forward: str = "llama"  # the family's model file, models/<forward>.py
     cuda: bool = True  # False: the CUDA backend lacks ops its forward needs
     gguf: bool = True  # False: its GGUF tensors and metadata are not read (nor written) yet
+    gguf_arch: str = ""  # llama.cpp's name for it where that is not `name`
 
 
 _FAMILIES = {
@@ -25,8 +26,11 @@ _FAMILIES = {
     "gemma3": Family("gemma3", qk_norm=True, forward="gemma", cuda=False, gguf=False),
     # the Llama forward; its own config and tensor names (models/phi3_checkpoint)
     "phi3": Family("phi3", cuda=False, gguf=False),
-    "qwen3_moe": Family("qwen3_moe", qk_norm=True, forward="moe", cuda=False, gguf=False),
-    "mixtral": Family("mixtral", forward="moe", cuda=False, gguf=False),
+    "qwen3_moe": Family("qwen3_moe", qk_norm=True, forward="moe", cuda=False, gguf_arch="qwen3moe"),
+    # llama.cpp writes Mixtral as `llama` with experts (its Q/K rows permuted as llama's)
+    "mixtral": Family(
+        "mixtral", gguf_qk_permuted=True, forward="moe", cuda=False, gguf_arch="llama"
+    ),
 }
 
 # HF `architectures[0]` -> family name
@@ -55,11 +59,18 @@ def lookup(name: str) -> Family:
         ) from None
 
 
-def family(name: str) -> Family:
-    """The family of a GGUF architecture name (the GGUF loader and writer's lookup)."""
+def family(name: str, num_experts: int = 0) -> Family:
+    """The family of a GGUF architecture name (the GGUF loader and writer's lookup), given
+    the file's expert count (llama.cpp's `llama` with experts is Mixtral)."""
+    if name == "llama" and num_experts:
+        name = "mixtral"
+    elif name not in _FAMILIES:  # llama.cpp's own name for one of ours (qwen3moe)
+        name = next((f.name for f in _FAMILIES.values() if f.gguf_arch == name), name)
     fam = lookup(name)
     if not fam.gguf:
         raise UnsupportedModel(f"architecture {name!r} loads from HF safetensors only for now")
+    if num_experts and fam.forward != "moe":
+        raise UnsupportedModel(f"architecture {name!r} with {num_experts} experts is not supported")
     return fam
 
 
@@ -85,6 +96,11 @@ def model_class(architecture: str):
     from vtllm.models.llama import LlamaModel
 
     return LlamaModel
+
+
+def gguf_architecture(fam: Family) -> str:
+    """The GGUF architecture name llama.cpp gives the family (the GGUF writer's)."""
+    return fam.gguf_arch or fam.name
 
 
 def check_cuda(architecture: str) -> None:

@@ -21,6 +21,7 @@ from vtllm.kernels import QType
 from vtllm.kernels.cpu import fast
 from vtllm.kernels.cpu import moe as moe_kernels
 from vtllm.kernels.cpu.quant import quantize
+from vtllm.llm import LLM
 from vtllm.models import moe_checkpoint, registry
 from vtllm.models.loader import load_model
 from vtllm.models.ops import MoeOps, Ops
@@ -112,6 +113,21 @@ def test_a_tokens_bits_do_not_depend_on_its_batch(tmp_path):
     last_beside, _ = _step(runner, 5, {1: b}, [(0, n, 1), (1, 0, len(b))], blocks)
     assert np.array_equal(last_alone, last_beside)
     assert np.array_equal(last_alone[0], alone[-1])
+
+
+def test_llm_generates_hf_greedy_tokens_beside_other_prompts(tmp_path):
+    """Through the LLM class (engine, scheduler, sampler): HF's greedy tokens, for the
+    reference prompt twice and between them a prompt of its own."""
+    ref = REFS["models"]["mixtral"]
+    llm = LLM(str(write(tmp_path, "mixtral")), max_model_len=96)
+    try:
+        other = moe_tiny.prompt("mixtral", seed=1)[:17]
+        params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+        outs = llm.generate([ref["prompt_ids"], other, ref["prompt_ids"]], params)
+    finally:
+        llm.close()
+    assert outs[0].outputs[0].token_ids == ref["output_ids"]
+    assert outs[2].outputs[0].token_ids == ref["output_ids"]
 
 
 def test_dense_layers_where_the_config_says(tmp_path):

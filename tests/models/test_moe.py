@@ -17,7 +17,7 @@ from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.executor.cpu_ops import CpuOps
 from vtllm.executor.kv_cache import allocate_kv_cache
 from vtllm.executor.runner import ModelRunner
-from vtllm.kernels import QType
+from vtllm.kernels import QType, reference
 from vtllm.kernels.cpu import fast
 from vtllm.kernels.cpu import moe as moe_kernels
 from vtllm.kernels.cpu.quant import quantize
@@ -261,18 +261,6 @@ def test_cpu_ops_implement_moe_ops():
             assert list(inspect.signature(getattr(CpuOps, name)).parameters) == want, name
 
 
-def _reference_route(logits, k, renormalize):
-    """numpy float64: softmax, then a stable sort on -p (ties keep the lower index first)."""
-    z = logits.astype(np.float64)
-    p = np.exp(z - z.max(1, keepdims=True))
-    p = (p / p.sum(1, keepdims=True)).astype(np.float32)
-    ids = np.argsort(-p, axis=1, kind="stable")[:, :k]
-    w = np.take_along_axis(p, ids, 1).astype(np.float64)
-    if renormalize:
-        w /= w.sum(1, keepdims=True)
-    return ids, w
-
-
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_routing_kernels_against_numpy(renormalize):
     rng = np.random.default_rng(5)
@@ -283,7 +271,7 @@ def test_routing_kernels_against_numpy(renormalize):
     ids = np.empty((t, k), np.int32)
     weights = np.empty((t, k), np.float32)
     moe_kernels.route_top_k(logits, renormalize, ids, weights)
-    want_ids, want_w = _reference_route(logits, k, renormalize)
+    want_ids, want_w = reference.route_top_k_ref(logits, k, renormalize)
     assert np.array_equal(ids, want_ids)
     assert ids[0].tolist() == [1, 3, 5] and ids[1].tolist() == [2, 3, 4]
     assert np.allclose(weights, want_w, rtol=1e-6, atol=0)
@@ -299,8 +287,7 @@ def test_routing_kernels_against_numpy(renormalize):
     ys = rng.standard_normal((t * k, hidden)).astype(np.float32)
     out = np.empty((t, hidden), np.float32)
     moe_kernels.combine(ys, position, weights, out)
-    rows = ys[position].reshape(t, k, hidden).astype(np.float64)
-    want = (weights[:, :, None].astype(np.float64) * rows).sum(1)
+    want = reference.combine_ref(ys, position, weights)
     assert np.allclose(out, want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="top-k 9 of 8"):
         moe_kernels.route_top_k(logits, True, np.empty((t, 9), np.int32), weights)

@@ -104,3 +104,23 @@ def linear_kq8_ref(x, w, qtype, bias=None):
     q, d = quantize_q8k_ref(x)
     xs = q.astype(np.float64).reshape(d.shape[0], d.shape[1], 256) * d[:, :, None]
     return linear_ref(xs.reshape(q.shape), w, qtype, bias)
+
+
+def route_top_k_ref(logits, k, renormalize):
+    """(ids [T, k], weights [T, k]): softmax over the experts, rounded to float32 as the
+    kernel keeps it, then the k largest in a stable order (ties to the lower index)."""
+    z = np.asarray(logits, np.float64)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p = (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, ids, axis=1).astype(np.float64)
+    if renormalize:
+        w /= w.sum(axis=1, keepdims=True)
+    return ids, w
+
+
+def combine_ref(ys, position, weights):
+    """[T, hidden]: per token, sum over r of weights[t, r] * ys[position[t * k + r]]."""
+    t, k = weights.shape
+    rows = np.asarray(ys, np.float64)[np.asarray(position)].reshape(t, k, -1)
+    return (np.asarray(weights, np.float64)[:, :, None] * rows).sum(axis=1)

@@ -7,7 +7,7 @@ from vtllm.kernels import BLOCK_BYTES, PER_TYPE, QK, QType
 from vtllm.kernels.cpu.quant import quantize
 from vtllm.kernels.cuda import SIMULATOR
 
-ALL_QTYPES = [q for q in QType if q not in PER_TYPE]  # no CUDA kernels for those yet
+ALL_QTYPES = [q for q in QType if q not in PER_TYPE]  # those: test_linear_kquant
 FLOAT_QTYPES = [QType.F32, QType.F16, QType.BF16]
 QUANTIZED = [QType.Q4_0, QType.Q4_1, QType.Q8_0]
 

@@ -31,8 +31,10 @@ from vtllm.kernels.cuda.attention import make_scratch, qkv_attention
 from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
 from vtllm.kernels.cuda.matmul import (
     DeviceWeight,
+    MixedRows,
     for_tensor_cores,
     upload_matrix,
+    upload_mixed,
     x_scratch_words,
 )
 from vtllm.models.config import ModelConfig
@@ -45,13 +47,13 @@ FOLD_TOKENS = 1  # steps of up to this many tokens fold the layers' norms in (th
 @dataclass(slots=True)
 class DeviceLayer:
     attn_norm: object
-    qkv: DeviceWeight
+    qkv: DeviceWeight | MixedRows  # MixedRows where q, k, v have different storage types
     qkv_bias: object | None
     q_norm: object | None
     k_norm: object | None
     o: DeviceWeight
     ffn_norm: object
-    gate_up: DeviceWeight  # packed: rows interleaved in runs of 8 (kernels/cuda/matmul)
+    gate_up: DeviceWeight | MixedRows  # packed: rows interleaved in runs of 8 (cuda/matmul)
     down: DeviceWeight
 
 
@@ -69,14 +71,6 @@ class DeferredNorm:
 
     residual: object
     weight: object
-
-
-def _fused(parts: list[Weight], what: str) -> Weight:
-    if len(parts) == 1:
-        return parts[0]
-    if len({w.qtype for w in parts}) != 1:
-        raise ValueError(f"the CUDA backend needs one storage type for {what}, got mixed types")
-    return concat_rows(parts)
 
 
 class CudaOps:
@@ -144,6 +138,12 @@ class CudaOps:
                 stream=s,
             )
 
+        def stacked(parts: list[Weight], *, gate_up: bool = False):
+            """q/k/v or gate/up as one matrix, or as MixedRows where their types differ."""
+            if len({p.qtype for p in parts}) > 1:
+                return upload_mixed([(p.data, p.qtype) for p in parts], stream=s)
+            return w(parts[0] if len(parts) == 1 else concat_rows(parts), gate_up=gate_up)
+
         def raw(x: Weight) -> DeviceWeight:
             return DeviceWeight(cuda.to_device(np.ascontiguousarray(x.data), stream=s), x.qtype)
 
@@ -153,13 +153,13 @@ class CudaOps:
         layers = [
             DeviceLayer(
                 attn_norm=vec(layer.attn_norm),
-                qkv=w(_fused(layer.qkv, "q/k/v")),
+                qkv=stacked(layer.qkv),
                 qkv_bias=vec(layer.qkv_bias),
                 q_norm=vec(layer.q_norm),
                 k_norm=vec(layer.k_norm),
                 o=w(layer.o),
                 ffn_norm=vec(layer.ffn_norm),
-                gate_up=w(_fused(layer.gate_up, "gate/up"), gate_up=True),
+                gate_up=stacked(layer.gate_up, gate_up=True),
                 down=w(layer.down),
             )
             for layer in weights.layers

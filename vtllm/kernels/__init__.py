@@ -45,8 +45,8 @@ KQUANT_BYTES = {
 KQUANTS = frozenset(KQUANT_BYTES)
 # Q5_0 / Q5_1: what llama.cpp's K-quant mixes fall back to where K is no multiple of 256
 Q5_BYTES = {QType.Q5_0: 22, QType.Q5_1: 24}
-# types whose CPU kernels are compiled per type on first use (cpu/linear_kq); the CUDA
-# kernels take none of them yet
+# types whose CPU kernels are compiled per type on first use (cpu/linear_kq); on CUDA they
+# have a GEMV of their own (cuda/_linear_kquant), Q8_K (activations only) none
 PER_TYPE = KQUANTS | frozenset(Q5_BYTES)
 
 

@@ -15,7 +15,7 @@ first launch. The simulator has no such limit.
 import numpy as np
 from numba import cuda
 
-from vtllm.kernels import BLOCK_BYTES, QK, QType
+from vtllm.kernels import QType, block_layout
 from vtllm.kernels.cuda._device import SIMULATOR
 
 _WEIGHT_DTYPES = {QType.F32: np.float32, QType.F16: np.float16, QType.BF16: np.uint16}
@@ -47,17 +47,19 @@ def check(op: str, name: str, a, dtype, ndim: int, shape=None) -> None:
 
 def weight_view(op: str, w, qtype, k: int):
     """Checks W = (w, qtype) against K; returns (the view the kernels read, int qtype):
-    F32 as uint32 bits, F16 / BF16 as uint16 bits, Q4_0 / Q4_1 / Q8_0 block rows as uint16
-    words (all three block sizes are even)."""
+    F32 as uint32 bits, F16 / BF16 as uint16 bits, block-quantized rows (Q4_0 / Q4_1 / Q8_0,
+    Q5_0 / Q5_1, Q2_K .. Q6_K) as uint16 words (every such block size is even)."""
     try:
         qtype = QType(qtype)
     except ValueError:
         raise ValueError(f"{op}: unsupported qtype {qtype!r}") from None
-    if qtype in BLOCK_BYTES:
-        if k % QK:
-            raise ValueError(f"{op}: {qtype.name} needs K % {QK} == 0, got K={k}")
+    layout = block_layout(qtype) if qtype != QType.Q8_K else None  # Q8_K: activations only
+    if layout is not None:
+        per, nbytes = layout
+        if k % per:
+            raise ValueError(f"{op}: {qtype.name} needs K % {per} == 0, got K={k}")
         check(op, "weight", w, np.uint8, 2)
-        if w.shape[1] != k // QK * BLOCK_BYTES[qtype]:
+        if w.shape[1] != k // per * nbytes:
             raise ValueError(f"{op}: {qtype.name} weight shape {w.shape} does not match K={k}")
         return w.view(np.uint16), int(qtype)
     if qtype not in _WEIGHT_DTYPES:

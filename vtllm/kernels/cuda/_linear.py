@@ -18,6 +18,7 @@ clamped indices and dropped, so every warp takes part in the reduction.
 import numpy as np
 from numba import cuda
 
+from vtllm.kernels import QType
 from vtllm.kernels.cuda._device import (
     BB_Q4_0,
     BB_Q4_1,
@@ -37,6 +38,8 @@ from vtllm.kernels.cuda._device import (
     warp_sum4,
 )
 from vtllm.kernels.cuda._host import aligned, check, grid_blocks, placeholder, weight_view
+from vtllm.kernels.cuda._linear_kquant import TYPES as KQUANT_TYPES
+from vtllm.kernels.cuda._linear_kquant import linear_kquant
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 WARPS = 2 if SIMULATOR else 4  # rows of W per block, one warp each
@@ -223,13 +226,27 @@ def _linear_quant_kernel(x, w, qt, bias, has_bias, out):
     _finish(out, bias, has_bias, n, m0, M, N, lane, a0, a1, a2, a3)
 
 
-def linear(x, w, qtype, out, *, bias=None, stream=0) -> None:
+def linear(x, w, qtype, out, *, bias=None, col0=0, stream=0) -> None:
     """out[M, N] = x[M, K] @ W.T (+ bias[N]); W is (w, qtype) as in vtllm.kernels. Device arrays;
-    out must not overlap x."""
+    out must not overlap x. col0 (K-quant and Q5 types only, _linear_kquant): out is [M, >= col0
+    + N] and the product lands in its columns col0.., adding bias[col0 + n]."""
     check("linear", "x", x, np.float32, 2)
     m, k = x.shape
     wv, qt = weight_view("linear", w, qtype, k)
     n = w.shape[0]
+    if qt in KQUANT_TYPES:
+        check("linear", "out", out, np.float32, 2)
+        if out.shape[0] != m or out.shape[1] < col0 + n:
+            raise ValueError(
+                f"linear: out {tuple(out.shape)} cannot take [{m}, {n}] at column {col0}"
+            )
+        if bias is not None:
+            check("linear", "bias", bias, np.float32, 1, (out.shape[1],))
+        if m and n:
+            linear_kquant(x, wv, qt, out, bias, col0, stream)
+        return
+    if col0:
+        raise ValueError(f"linear: col0 needs a K-quant or Q5 weight, got {QType(qt).name}")
     check("linear", "out", out, np.float32, 2, (m, n))
     if bias is not None:
         check("linear", "bias", bias, np.float32, 1, (n,))

@@ -1,7 +1,8 @@
 """Embedding lookup on the GPU: rows of a weight matrix in any QType, decoded to float32.
 
-Decodes with _device.any_weight, the same per-element decoders linear's kernels use, so a tied
-lm_head and the embedding see the same floats for the same weights.
+Decodes with _device.any_weight (_linear_kquant.kquant_weight for K-quant and Q5 rows), the
+same per-element decoders linear's kernels use, so a tied lm_head and the embedding see the
+same floats for the same weights.
 """
 
 import numpy as np
@@ -9,9 +10,17 @@ from numba import cuda
 
 from vtllm.kernels.cuda._device import SIMULATOR, any_weight
 from vtllm.kernels.cuda._host import check, weight_view
+from vtllm.kernels.cuda._linear_kquant import Q2_K, Q5_0, Q5_1, Q6_K, kquant_weight
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 THREADS = 32 if SIMULATOR else 256  # threads per row (the simulator runs each as a thread)
+
+
+@cuda.jit(device=True)
+def _weight(w, r, k, qt):
+    if (Q2_K <= qt and qt <= Q6_K) or qt == Q5_0 or qt == Q5_1:
+        return kquant_weight(w, r, k, qt)
+    return any_weight(w, r, k, qt)
 
 
 @cuda.jit(cache=True)
@@ -22,7 +31,7 @@ def _embedding_kernel(token_ids, w, qt, out):
     if tok < 0 or tok >= w.shape[0]:  # padding (-1) or a bad id: the row is left unwritten
         return
     for k in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
-        out[t, k] = any_weight(w, tok, k, qt)
+        out[t, k] = _weight(w, tok, k, qt)
 
 
 def embedding(token_ids, w, qtype, out, *, stream=0) -> None:

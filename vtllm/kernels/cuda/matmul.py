@@ -15,6 +15,10 @@ asks for it), batched-decode steps that rows_pay for to _linear_rows, the rest t
 The fused epilogues (a norm folded into the loads, the product added into the residual
 stream) exist in _linear_mma only, for one-token steps.
 
+Mixed rows: GGUF K-quant files store q, k and v (sometimes gate and up) in different types
+(Q4_K_M: attn_v in Q6_K beside Q4_K), which cannot be stacked into one matrix; MixedRows keeps
+the parts and each one's GEMV writes its own columns of the step's one output buffer.
+
 WGMMA: Hopper's warpgroup GEMM (_gemm_wgmma) is available; it runs only for weights uploaded
 with wgmma (opt-in, VT_CUDA_PREFILL_GEMM=wgmma), never by default. linear: the GEMV kernels of
 every QType on their own (what unpacked weights take).
@@ -29,6 +33,7 @@ from vtllm.kernels import QType
 from vtllm.kernels.cuda._gemm_mma import gemm_mma, gemm_pays
 from vtllm.kernels.cuda._gemm_wgmma import gemm_wgmma, round_x
 from vtllm.kernels.cuda._linear import linear
+from vtllm.kernels.cuda._linear_kquant import TYPES as COLUMN_TYPES
 from vtllm.kernels.cuda._linear_mma import (
     PREPACK_ABOVE,
     linear_mma,
@@ -44,9 +49,11 @@ from vtllm.kernels.cuda.activation import silu_and_mul, tile_interleave
 __all__ = [
     "WGMMA",
     "DeviceWeight",
+    "MixedRows",
     "for_tensor_cores",
     "linear",
     "upload_matrix",
+    "upload_mixed",
     "x_scratch_words",
 ]
 
@@ -112,6 +119,37 @@ class DeviceWeight:
             swiglu=swiglu,
             stream=stream,
         )
+
+
+@dataclass(slots=True)
+class MixedRows:
+    """Matrices of different storage types stacked along the output dimension (the module
+    docstring); each part's kernel writes its columns of out."""
+
+    parts: list  # DeviceWeight, unpacked, of a type in COLUMN_TYPES
+    packed: bool = False
+
+    def matmul(self, x, out, *, bias=None, x_scratch=None, act=None, stream=0) -> None:
+        col = 0
+        for part in self.parts:
+            linear(x, part.data, part.qtype, out, bias=bias, col0=col, stream=stream)
+            col += part.data.shape[0]
+        if act is not None:
+            silu_and_mul(out, act, tile=0, stream=stream)
+
+
+def upload_mixed(parts: list[tuple[np.ndarray, int]], *, stream) -> MixedRows:
+    """MixedRows of (data, qtype) parts; ValueError for a type whose kernel cannot write at a
+    column offset."""
+    for _, qtype in parts:
+        if qtype not in COLUMN_TYPES:
+            raise ValueError(
+                f"{QType(qtype).name} cannot be stacked with other types here; "
+                "mixed q/k/v or gate/up need K-quant or Q5_0 / Q5_1 parts"
+            )
+    return MixedRows(
+        [DeviceWeight(cuda.to_device(np.ascontiguousarray(d), stream=stream), q) for d, q in parts]
+    )
 
 
 def for_tensor_cores(qtype: int, shape: tuple[int, int]) -> bool:

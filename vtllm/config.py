@@ -141,6 +141,14 @@ KNOBS = (
         0.0,
         1.0,
     ),
+    Knob(
+        "speculative_config",
+        "str",
+        None,
+        "speculative decoding, as vLLM's JSON: "
+        '{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": A, '
+        '"prompt_lookup_max": B} (cpu device only; default: off)',
+    ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
     Knob(
         "cpu_numerics",
@@ -294,6 +302,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     enable_prefix_caching: bool = True
     async_depth: int = 2
     shadow_check_rate: float = 0.0
+    speculative_config: str | None = None  # JSON text, checked by parse_speculative_config
     cpu_threads: int = 0
     cpu_numerics: str = "exact"
     device: str = "cpu"
@@ -323,9 +332,72 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str = "info"
 
     @property
+    def speculative(self) -> "SpeculativeConfig | None":
+        return parse_speculative_config(self.speculative_config)
+
+    @property
     def served_model_names(self) -> tuple[str, ...]:
         """served_model_name split at commas and blanks (empty: the model's own name)."""
         return tuple((self.served_model_name or "").replace(",", " ").split())
+
+
+class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """--speculative-config, checked: n-gram prompt lookup with k proposals per step."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int
+    prompt_lookup_max: int
+
+
+_SPEC_FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+_SPEC_METHODS = ("ngram", "draft_model")
+
+
+def parse_speculative_config(
+    text: str | None, source: str = "speculative_config"
+) -> SpeculativeConfig | None:
+    """The JSON text of speculative_config checked field by field (errors name `source`);
+    unset prompt lookup sizes default as vLLM's do (both 5; one given: the other equals it)."""
+    if text is None or not text.strip():
+        return None
+
+    def fail(message: str):
+        raise InvalidParameter(f"{source}: {message}", param="speculative_config")
+
+    try:
+        raw = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        fail(f"not valid JSON ({exc})")
+    if not isinstance(raw, dict):
+        fail("must be a JSON object")
+    method = raw.get("method")
+    if method not in _SPEC_METHODS:
+        fail(f"method must be one of {', '.join(_SPEC_METHODS)} (got {method!r})")
+    if method == "draft_model":
+        fail('method "draft_model" is not implemented yet; use "ngram"')
+    unknown = sorted(set(raw) - set(_SPEC_FIELDS))
+    if unknown:
+        fail(f"unknown field {unknown[0]!r} for method ngram (known: {', '.join(_SPEC_FIELDS)})")
+    sizes = {}
+    for field in _SPEC_FIELDS[1:]:
+        value = raw.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            fail(f"{field} must be an integer (got {value!r})")
+        sizes[field] = value
+    k, lo, hi = sizes.values()
+    if k is None or k < 1:
+        fail(f"num_speculative_tokens must be an integer >= 1 (got {k!r})")
+    if lo is None and hi is None:
+        lo = hi = 5
+    lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
+    if lo < 1:
+        fail(f"prompt_lookup_min must be >= 1 (got {lo})")
+    if lo > hi:
+        fail(f"prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
+    return SpeculativeConfig(
+        method=method, num_speculative_tokens=k, prompt_lookup_min=lo, prompt_lookup_max=hi
+    )
 
 
 def _convert(knob: Knob, raw, source: str):
@@ -344,6 +416,8 @@ def _convert(knob: Knob, raw, source: str):
             value = raw if isinstance(raw, int) else parse_bytes(str(raw))
         elif isinstance(raw, list | tuple):  # a `many` flag's values
             value = ",".join(str(r) for r in raw)
+        elif isinstance(raw, dict):  # a JSON knob given as a dict (LLM(speculative_config=...))
+            value = msgspec.json.encode(raw).decode()
         else:
             value = None if raw is None else str(raw)
     except ValueError as exc:
@@ -375,6 +449,9 @@ def resolve(
         if overrides.get(knob.name) is not None:
             value, source = _convert(knob, overrides[knob.name], knob.name), "argument"
         values[knob.name], sources[knob.name] = value, source
+    spec = KNOBS_BY_NAME["speculative_config"]  # a bad one fails here, naming its source
+    where = {"cli": spec.flag, "env": spec.env}.get(sources[spec.name], spec.name)
+    parse_speculative_config(values[spec.name], where)
     return EngineConfig(**values), sources
 
 
@@ -405,6 +482,7 @@ FLAG_GROUPS = (
             "enable_prefix_caching",
             "async_depth",
             "shadow_check_rate",
+            "speculative_config",
             "engine_iteration_timeout_s",
         ),
     ),

@@ -36,6 +36,12 @@ def build_parts(
     """Returns (loaded model, scheduler, backend, max_model_len). `phases` gets the seconds
     of each start-up phase by name (load, compile, KV allocation; on cuda, GPU set-up)."""
     phases = {} if phases is None else phases
+    spec = config.speculative
+    if spec is not None and config.device != "cpu":
+        raise InvalidParameter(
+            "speculative_config: speculative decoding runs on the cpu device only for now",
+            param="speculative_config",
+        )
     started = time.perf_counter()
     loaded = loaded or load_model(config.model)
     phases["load"] = time.perf_counter() - started
@@ -65,6 +71,9 @@ def build_parts(
             enable_prefix_caching=config.enable_prefix_caching,
             resident_blocks=resident_blocks,
             eos_token_ids=mc.eos_token_ids,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+            prompt_lookup_min=spec.prompt_lookup_min if spec else 1,
+            prompt_lookup_max=spec.prompt_lookup_max if spec else 1,
         )
     )
     return loaded, scheduler, backend, max_model_len

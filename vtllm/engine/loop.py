@@ -16,6 +16,7 @@ import anyio
 import anyio.to_thread
 
 from vtllm.engine.shadow_check import ShadowCheck
+from vtllm.engine.speculative_text import push_run
 from vtllm.engine.structured import Constraints
 from vtllm.engine.text import TextStream
 from vtllm.errors import VtllmError
@@ -346,10 +347,15 @@ class StepLoop:
                 and ids[-1] in tracked.request.stop_ids
                 else ids
             )
-            delta.text = tracked.text.push(visible, final=delta.finished)
+            if len(ids) > 1 and tracked.text.stops:  # a speculative run: token by token
+                delta.text = push_run(tracked.text, delta, visible)
+            else:
+                delta.text = tracked.text.push(visible, final=delta.finished)
             stop = tracked.text.stopped_by
             if stop is not None and not delta.finished:
-                final = self.scheduler.finish_request(delta.request_id, STOP, stop)
+                final = self.scheduler.finish_request(
+                    delta.request_id, STOP, stop, delta.num_output_tokens
+                )
                 delta.finished, delta.finish_reason, delta.stop_reason = True, STOP, stop
                 if final is not None:
                     delta.num_output_tokens = final.num_output_tokens

@@ -35,11 +35,15 @@ class ShadowCheck:
         if not self.rate:
             return
         by_slot = {t.request.slot: t.request for t in tracked.values()}
-        # constrained requests' tokens follow their masks, which a replay does not apply
+        # constrained requests' tokens follow their masks, which a replay does not apply;
+        # a speculative chunk's tokens are known only once it is verified
         self._last = [
             (c, by_slot[c.slot])
             for c in plan.chunks
-            if c.sample and c.slot in by_slot and by_slot[c.slot].constraint is None
+            if c.sample
+            and not c.draft_token_ids
+            and c.slot in by_slot
+            and by_slot[c.slot].constraint is None
         ]
 
     def after_update(self) -> None:

@@ -24,6 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from vtllm.executor.cpu_ops import CpuOps
+from vtllm.executor.speculative import (
+    first_sample_positions,
+    token_logprobs,
+    verify_drafts,
+    write_drafts,
+)
 from vtllm.executor.step_layout import (
     FlatChunks,
     apply_token_masks,
@@ -37,7 +43,7 @@ from vtllm.kernels.sampling_table import SamplingTable
 from vtllm.models.loader import LoadedModel
 from vtllm.models.ops import KVCache, StepInputs
 from vtllm.models.registry import model_class
-from vtllm.scheduler.plan import Chunk, SampledToken, StepPlan, StepResult, TokenLogprobs
+from vtllm.scheduler.plan import Chunk, SampledToken, StepPlan, StepResult
 
 
 @dataclass(slots=True)
@@ -47,6 +53,7 @@ class StepOutput:
     tokens: np.ndarray  # [B] int32: the sampled ids, in sampling-chunk order
     logprobs: object | None  # LogprobsOut of those rows, or None when no row wants them
     logits: np.ndarray | None  # [R, vocab] float32 when a chunk wants prompt logprobs
+    more: list | None = None  # speculative chunks' later tokens (executor/speculative.py)
 
 
 @dataclass(slots=True)
@@ -149,16 +156,16 @@ class StepRunner:
         if pending.handle is None:
             return StepResult(plan.step_id, [])
         out = self._collect(pending.handle)
-        tokens, lp = out.tokens, out.logprobs
+        tokens, lp, more = out.tokens, out.logprobs, out.more
         sampled = []
         for i, c in enumerate(pending.chunks):
             k, info = pending.num_logprobs[i], None
             if k >= 0:
-                top_ids, top_lps = lp.top_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist()
-                info = TokenLogprobs(
-                    int(tokens[i]), float(lp.logprob[i]), int(lp.rank[i]), top_ids, top_lps
-                )
-            sampled.append(SampledToken(c.slot, int(tokens[i]), info))
+                info = token_logprobs(int(tokens[i]), lp, i, k)
+            if more is not None and more[i] is not None:
+                sampled.append(SampledToken(c.slot, int(tokens[i]), info, *more[i]))
+            else:
+                sampled.append(SampledToken(c.slot, int(tokens[i]), info))
         prompt_lps = {}
         if out.logits is not None:
             # imported here, not with the module: kernels.cpu compiles its kernels on import,
@@ -231,14 +238,17 @@ class ModelRunner(StepRunner):
         return self.model.forward(self._inputs(flat))
 
     def _launch(self, flat, chunks, num_logprobs, want_logits, masks) -> StepOutput:
+        speculative = any(c.draft_token_ids for c in chunks)
+        if speculative:
+            write_drafts(self.token_ids, chunks)
         logits = self._logits(flat)
         if callable(masks):
             masks = masks()
-        n, lp = len(chunks), None
+        n, lp, more = len(chunks), None, None
         tokens = np.empty(n, np.int32)
         if n:
             slots = np.fromiter((c.slot for c in chunks), np.int32, n)
-            positions = np.fromiter((c.start + c.num_tokens for c in chunks), np.int32, n)
+            positions = first_sample_positions(chunks)
             rows = flat.sample_rows
             rows = np.ascontiguousarray(logits[rows]) if len(rows) != len(logits) else logits
             if masks:
@@ -255,7 +265,18 @@ class ModelRunner(StepRunner):
                 tokens,
                 out_logprobs=lp,
             )
-        return StepOutput(tokens, lp, logits if want_logits else None)
+            if speculative:
+                more = verify_drafts(
+                    self.ops,
+                    logits,
+                    flat.sample_rows,
+                    chunks,
+                    tokens,
+                    positions,
+                    num_logprobs,
+                    self,
+                )
+        return StepOutput(tokens, lp, logits if want_logits else None, more)
 
     def _collect(self, handle: StepOutput) -> StepOutput:
         return handle

@@ -21,7 +21,9 @@ class FlatChunks:
     seq_lens: np.ndarray  # [S] int32: context length after this step
     slots: np.ndarray  # [S] int32: slot of each chunk
     logits_rows: np.ndarray  # [R] int32: token rows whose logits are wanted
-    sample_rows: list[int]  # indices into logits_rows, one per sampling chunk
+    # indices into logits_rows, one per sampling chunk: its (first) sampled row; a chunk with
+    # d drafts has d + 1 rows from there on
+    sample_rows: list[int]
 
 
 def flatten_chunks(chunks: list[Chunk], block_tables: np.ndarray, block_size: int) -> FlatChunks:
@@ -41,6 +43,11 @@ def flatten_chunks(chunks: list[Chunk], block_tables: np.ndarray, block_size: in
     for i, c in enumerate(chunks):
         if c.prompt_logprobs:
             logits_rows.extend(range(qsl[i], qsl[i + 1]))
+        elif c.draft_token_ids:  # one row per draft to verify, and one past the last draft
+            first = qsl[i + 1] - 1 - len(c.draft_token_ids)
+            logits_rows.extend(range(first, qsl[i + 1]))
+            sample_rows.append(len(logits_rows) - 1 - len(c.draft_token_ids))
+            continue
         elif c.sample:
             logits_rows.append(qsl[i + 1] - 1)
         if c.sample:
@@ -170,12 +177,12 @@ def extend_block_tables(chunks: list[Chunk], block_tables: np.ndarray, num_slot_
 def prompt_logprobs(plan: StepPlan, logits, prompt_ids, prompt_lens, num_prompt_logprobs, ops):
     """Logprobs of the prompt tokens inside the chunks that asked for them, from host logits
     laid out as the step's logits rows (every row of such a chunk, the last row of other
-    sampling chunks). prompt_ids [slots, len] holds the prompts; ops is a CPU kernel table.
+    sampling chunks, the last d + 1 of one with d drafts). prompt_ids [slots, len] holds the prompts; ops is a CPU kernel table.
     Returns slot -> one TokenLogprobs per scored prompt token."""
     result, row = {}, 0
     for c in plan.chunks:
         if not c.prompt_logprobs:
-            row += 1 if c.sample else 0
+            row += 1 + len(c.draft_token_ids) if c.sample else 0
             continue
         # Logits at position p score the prompt token at p + 1.
         last = min(c.start + c.num_tokens, int(prompt_lens[c.slot]) - 1)

@@ -13,12 +13,23 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     # Blocks handed out before cached prefixes are evicted for room (0: no cap; see BlockPool).
     resident_blocks: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    # n-gram speculation (scheduler/speculative.py): proposals per step, 0 = off
+    num_speculative_tokens: int = 0
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 1
 
     def __post_init__(self):
         # Engine configuration, not user input: a plain ValueError names the field at fault.
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SchedulerConfig.{name} must be >= 1")
+        if self.num_speculative_tokens < 0 or not (
+            1 <= self.prompt_lookup_min <= self.prompt_lookup_max
+        ):
+            raise ValueError(
+                "SchedulerConfig: num_speculative_tokens >= 0 and "
+                "1 <= prompt_lookup_min <= prompt_lookup_max"
+            )
         if self.num_blocks < 2:
             raise ValueError("SchedulerConfig.num_blocks must be >= 2 (block 0 is the null block)")
 

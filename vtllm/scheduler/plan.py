@@ -23,7 +23,11 @@ class SeatedRequest(msgspec.Struct, array_like=True):
 
 
 class Chunk(msgspec.Struct, array_like=True):
-    """Compute tokens [start, start + num_tokens) of a slot; sample the next one if `sample`."""
+    """Compute tokens [start, start + num_tokens) of a slot; sample the next one if `sample`.
+
+    With draft_token_ids (speculation, d of them): the chunk's last d positions hold the
+    drafts, which the executor writes into the mirror before the step runs; it samples the
+    last d + 1 rows in order and keeps going while its token equals the next draft."""
 
     slot: int
     start: int
@@ -31,6 +35,7 @@ class Chunk(msgspec.Struct, array_like=True):
     new_block_ids: list[int]  # appended to the slot's block table before this step runs
     sample: bool
     prompt_logprobs: bool = False  # return logprobs of prompt tokens inside this chunk
+    draft_token_ids: list[int] = []  # proposed tokens at the chunk's last positions
 
 
 class StepPlan(msgspec.Struct, array_like=True):
@@ -57,6 +62,10 @@ class SampledToken(msgspec.Struct, array_like=True):
     slot: int
     token_id: int
     logprobs: TokenLogprobs | None = None
+    # a speculative chunk's tokens after token_id, in order (token_id is the first accepted
+    # draft, or the target's own token); their logprobs too when the request asked
+    more_ids: list[int] = []
+    more_logprobs: list[TokenLogprobs] = []
 
 
 class StepResult(msgspec.Struct, array_like=True):

@@ -51,6 +51,11 @@ class Request:
     block_keys: list[tuple[int, tuple[int, ...]]] = field(default_factory=list, init=False)
     num_registered_blocks: int = _state(0)  # leading blocks of block_ids offered to the cache
     prompt_logprobs_end: int = _state(0)  # prompt positions [0, end) had logprobs computed
+    # Speculation (scheduler/speculative.py): whether this request proposes tokens, its tokens
+    # as the proposer reads them, and the drafts of its step in flight ([] when none).
+    speculates: bool = _state(False)
+    history: object = _state(None)
+    drafts_in_flight: list[int] = field(default_factory=list, init=False)
 
     def __post_init__(self):
         if self.seed is None:

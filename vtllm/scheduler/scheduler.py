@@ -11,6 +11,18 @@ whose token is in flight is scheduled again at the placeholder's position and th
 gathers that token on the device. update() turns the oldest placeholder into a known token.
 Each in-flight step remembers its sampling requests in chunk order, so a late result reaches
 the right request even when its slot was reused; results of finished requests are dropped.
+
+Speculation (n-gram prompt lookup, scheduler/speculative.py): a decoding request's chunk
+carries up to k proposed tokens after its last token, and the executor returns between 1 and
+k + 1 tokens for it. How many is unknown until the result is read, so the next position of a
+speculating request is unknown too: such a request is not planned again while its step is in
+flight (it runs at depth 1; the rest of the batch keeps depth 2). Planning its next step from
+a guess would waste a step whenever a proposal is rejected, and the proposal itself needs the
+last token, which only the result brings. The law still holds: a speculating request's
+tokens are what one-token steps would sample (the executor accepts a draft only when its own
+draw at that position gives it), and it is planned from host-known tokens only, at any depth.
+update() rolls back the rejected positions: the request's computed count moves back to its
+last token, and blocks that held only rejected positions return to the pool.
 """
 
 from bisect import insort
@@ -25,6 +37,7 @@ from vtllm.scheduler.config import SchedulerConfig
 from vtllm.scheduler.output import ABORT, LENGTH, STOP, Delta
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan, StepResult
 from vtllm.scheduler.request import Request, RequestStatus
+from vtllm.scheduler.speculative import SpecStats, propose, roll_back
 
 RUNNING, FINISHED = RequestStatus.RUNNING, RequestStatus.FINISHED
 _order = attrgetter("order")
@@ -54,6 +67,7 @@ class Scheduler:
         self.constrained: list[Request] = []
         self._arrivals = count()
         self.num_preemptions = 0
+        self.spec_stats = SpecStats() if config.num_speculative_tokens else None
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -94,6 +108,8 @@ class Scheduler:
         if not sampling.ignore_eos:
             stop_ids.update(cfg.eos_token_ids)
         request.stop_ids = frozenset(stop_ids)
+        # token masks follow every earlier token, which a draft's row does not know yet
+        request.speculates = bool(cfg.num_speculative_tokens) and request.constraint is None
         self.requests[request.request_id] = request
         insort(self.waiting, request, key=_order)
 
@@ -102,16 +118,24 @@ class Scheduler:
         return self.finish_request(request_id, ABORT)
 
     def finish_request(
-        self, request_id: str, reason: str, stop_reason: int | str | None = None
+        self,
+        request_id: str,
+        reason: str,
+        stop_reason: int | str | None = None,
+        num_output_tokens: int | None = None,
     ) -> Delta | None:
         """End a request decided outside (stop string, abort, error); returns its final Delta.
 
         The Delta is returned rather than queued for update() so it arrives even when no step
         runs again. A result of this request still in flight is dropped when it lands.
+        num_output_tokens drops the outputs past it (a stop string inside a speculated run:
+        without speculation the tokens after it were never sampled).
         """
         request = self.requests.get(request_id)
         if request is None:
             return None
+        if num_output_tokens is not None:
+            del request.output_token_ids[num_output_tokens:]
         self._finish(request, reason, stop_reason)
         return _delta(request, [])
 
@@ -133,12 +157,18 @@ class Scheduler:
             if caching and req.num_registered_blocks < start // bs:
                 pool.cache_full_blocks(req, start)  # positions launched in earlier steps
             num_out, ph = len(req.output_token_ids), req.num_placeholders
-            if ph and num_out + ph >= req.max_output_tokens:
-                i += 1  # its last token is in flight: it finishes at the next update
+            if ph and (req.speculates or num_out + ph >= req.max_output_tokens):
+                # speculating: its next position is known once its step is read (docstring);
+                # else its last token is in flight: it finishes at the next update
+                i += 1
                 continue
             num_tokens = len(req.prompt_token_ids) + num_out + ph
             n = num_tokens - start
-            if n > 1:
+            drafts = ()
+            if n == 1 and req.speculates and start >= len(req.prompt_token_ids):
+                drafts = propose(req, self.config, budget - (len(running) - i))
+                n += len(drafts)
+            if n > 1 and not drafts:  # drafts already left room for the requests behind
                 # A prefill continuation leaves one token for each request behind it, so a
                 # long prompt never stalls the decodes.
                 n = min(n, budget - (len(running) - i - 1))
@@ -149,6 +179,9 @@ class Scheduler:
                     n = req.cap_at_logprobs_mark(start, n)
             end = start + n
             need = (end + bs - 1) // bs - len(req.block_ids)
+            if drafts and need > pool.num_free_blocks:  # speculation never preempts
+                n, end, drafts = 1, start + 1, ()
+                need = (end + bs - 1) // bs - len(req.block_ids)
             if need > pool.num_free_blocks:
                 preempted = True
                 if not self._preempt_for(need, i):
@@ -161,8 +194,12 @@ class Scheduler:
             want_plp = req.sampling.prompt_logprobs is not None and req.take_prompt_logprobs(
                 start, end
             )
-            sample = end == num_tokens
-            chunks.append(Chunk(req.slot, start, n, new_blocks, sample, want_plp))
+            sample = end == num_tokens + len(drafts)
+            if drafts:
+                req.drafts_in_flight = drafts
+                chunks.append(Chunk(req.slot, start, n, new_blocks, True, False, drafts))
+            else:
+                chunks.append(Chunk(req.slot, start, n, new_blocks, sample, want_plp))
             req.num_computed_tokens = end
             budget -= n
             if sample:
@@ -224,6 +261,9 @@ class Scheduler:
             req.num_placeholders -= 1
             if req.status == FINISHED:
                 continue  # stopped or aborted meanwhile: the extra token is discarded
+            if req.drafts_in_flight:
+                deltas.append(self._take_speculated(req, sampled))
+                continue
             token = sampled.token_id
             out = req.output_token_ids
             out.append(token)
@@ -265,6 +305,33 @@ class Scheduler:
     @property
     def num_used_blocks(self) -> int:
         return self.pool.num_used_blocks
+
+    def _take_speculated(self, req: Request, sampled) -> Delta:
+        """A speculative chunk's tokens: kept up to the first stop (as one-token steps would
+        have stopped), then the rejected positions rolled back."""
+        drafts, req.drafts_in_flight = req.drafts_in_flight, []
+        tokens = [sampled.token_id, *sampled.more_ids]
+        self.spec_stats.record(len(drafts), len(tokens) - 1)
+        out, sampling = req.output_token_ids, req.sampling
+        reason = stop_reason = None
+        for n, token in enumerate(tokens, 1):
+            out.append(token)
+            if token in req.stop_ids and len(out) >= sampling.min_tokens:
+                reason = STOP
+                stop_reason = token if token in sampling.stop_token_ids else None
+            elif len(out) >= req.max_output_tokens:
+                reason = LENGTH
+            if reason is not None:
+                del tokens[n:]
+                break
+        if req.status == RUNNING:  # before _finish, which caches full blocks
+            roll_back(req, self.pool)
+        if reason is not None:
+            self._finish(req, reason, stop_reason)
+        logprobs = None
+        if sampling.logprobs is not None:
+            logprobs = [sampled.logprobs, *sampled.more_logprobs][: len(tokens)]
+        return _delta(req, tokens, logprobs)
 
     def _admit(self, req: Request, budget: int) -> tuple[SeatedRequest, Chunk] | None:
         """Seat a queued request with its first chunk, or None (nothing changed) if no room."""
@@ -385,7 +452,8 @@ class Scheduler:
                 assert r.slot == -1 and not r.block_ids and r.num_computed_tokens == 0
                 continue
             assert len(r.block_ids) == -(-r.num_computed_tokens // bs), "block table size"
-            assert r.num_computed_tokens <= r.num_tokens <= cfg.max_model_len
+            num_drafts = len(r.drafts_in_flight)
+            assert r.num_computed_tokens <= r.num_tokens + num_drafts <= cfg.max_model_len
             assert not r.num_placeholders or r.num_computed_tokens >= r.num_tokens - 1
             for block in r.block_ids:
                 refs[block] += 1

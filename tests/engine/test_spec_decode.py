@@ -1,0 +1,204 @@
+"""N-gram speculation on the real CPU engine: outputs equal those without it, exactly.
+
+A tiny random checkpoint with a small vocabulary (its greedy and sampled outputs fall into
+cycles, so prompt lookup often proposes the right tokens; on plain prompts it mostly proposes
+wrong ones). The workload mixes copy-heavy and plain prompts of different lengths, greedy,
+seeded and penalised sampling, logprobs, stop ids, stop strings, min_tokens and a constrained
+request (which does not speculate), under a KV budget small enough to force preemptions.
+Kernels are batch invariant and the verification draws what one-token steps would draw, so
+every token, logprob, finish reason and text must match, at depth 1 and at depth 2.
+"""
+
+import random
+
+import anyio
+import numpy as np
+import pytest
+
+from tests.engine.test_depth2_law import _serve
+from tests.models.runner_util import make_runner
+from vtllm.config import resolve
+from vtllm.engine import loop as loop_module
+from vtllm.engine.build import build_parts
+from vtllm.engine.loop import StepLoop
+from vtllm.engine.speculative_text import push_run
+from vtllm.models.loader import load_model
+from vtllm.models.synthetic import write_checkpoint
+from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan
+from vtllm.scheduler.sampling_params import SamplingParams
+
+VOCAB = 24
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+        "prompt_lookup_max": 3}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = write_checkpoint(
+        tmp_path_factory.mktemp("spec"), "tiny", seed=3, vocab=VOCAB, peaked=True
+    )
+    return load_model(path)
+
+
+def _workload(tiny, seed: int = 5):
+    rng = random.Random(seed)
+    letters = [tiny.tokenizer.decode([t]) for t in range(3, VOCAB)]
+    work = []
+    for i in range(24):
+        if i % 2:  # copy-heavy: a segment repeated, then its start again
+            segment = [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 8))]
+            prompt = segment * rng.randint(2, 4) + segment[: rng.randint(1, 3)]
+        else:
+            prompt = [rng.randrange(3, VOCAB) for _ in range(rng.choice([1, 5, 17, 40]))]
+        kind = rng.choice(["greedy", "greedy", "seeded", "penalties", "topk"])
+        params = dict(max_tokens=rng.randint(4, 28), ignore_eos=rng.random() < 0.7)
+        if kind == "greedy":
+            params["temperature"] = 0.0
+        else:
+            params.update(temperature=rng.choice([0.7, 1.0]), seed=rng.randrange(1 << 30))
+        if kind == "penalties":
+            params.update(repetition_penalty=1.2, frequency_penalty=0.3)
+        elif kind == "topk":
+            params["top_k"] = 4
+        if rng.random() < 0.3:
+            params["stop_token_ids"] = [rng.randrange(3, VOCAB)]
+        if rng.random() < 0.4:
+            # token 10 is where this checkpoint's outputs often settle: its letter three
+            # times ends requests inside speculative runs
+            params["stop"] = [letters[10 - 3] * 3] if i % 2 else rng.sample(letters, 2)
+        if rng.random() < 0.2:
+            params["min_tokens"] = 3
+        if rng.random() < 0.3:
+            params["logprobs"] = 2
+        if i == 5:
+            params["allowed_token_ids"] = list(range(3, 12))
+        work.append((f"r{i}", prompt, SamplingParams(**params), None))
+    return work
+
+
+def _run(tiny, work, depth: int, spec: dict | None):
+    config, _ = resolve(
+        async_depth=depth,
+        kv_cache_memory=24 * 2048,  # 24 blocks of 4 tokens: preemptions
+        block_size=4,
+        max_num_seqs=8,
+        max_num_batched_tokens=48,
+        max_model_len=96,
+        speculative_config=spec,
+    )
+    _, scheduler, backend, _ = build_parts(config, tiny)
+    loop = StepLoop(
+        scheduler, backend, tiny.tokenizer, async_depth=depth, vocab_size=tiny.config.vocab_size
+    )
+    results = anyio.run(_serve, loop, work)
+    scheduler.check_invariants()
+    assert scheduler.num_used_blocks == 0 and not scheduler.requests
+    backend.close()
+    return results, scheduler
+
+
+@pytest.fixture(scope="module")
+def plain(tiny):
+    work = _workload(tiny)
+    return work, _run(tiny, work, 1, None)[0]
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_speculation_changes_no_output(tiny, plain, depth, monkeypatch):
+    work, expected = plain
+    cut_runs = []  # speculative runs a stop string cut short
+
+    def spy(text, delta, visible):
+        before = len(delta.token_ids)
+        out = push_run(text, delta, visible)
+        if len(delta.token_ids) < before:
+            cut_runs.append(delta.request_id)
+        return out
+
+    monkeypatch.setattr(loop_module, "push_run", spy)
+    results, scheduler = _run(tiny, work, depth, SPEC)
+    for request_id, *_ in work:
+        assert results[request_id] == expected[request_id], request_id
+    stats = scheduler.spec_stats
+    # proposals hit, at later positions too, and miss
+    assert stats.num_accepted_tokens > 40 and stats.accepted_per_pos[1] > 0, stats
+    assert stats.num_draft_tokens > 2 * stats.num_accepted_tokens, stats
+    assert scheduler.num_preemptions > 0
+    assert any(isinstance(r[3], str) for r in expected.values()), "a stop string should hit"
+    assert cut_runs, "a stop string should end a request inside a speculative run"
+
+
+def _draws(tiny, prompt, drafts, temperature, num_draws) -> list[list[int]]:
+    """The emitted tokens of num_draws requests with seeds 0, 1, ..., each one step that
+    verifies `drafts` after `prompt` (the runner's 32 slots run 32 requests a step)."""
+    slots, bs = 32, 4
+    runner = make_runner(tiny, num_blocks=slots * 4 + 1, block_size=bs, max_num_seqs=slots)
+    n = len(prompt) + len(drafts)
+    per_slot = -(-n // bs)
+    sampling = SamplingParams(temperature=temperature)
+    emitted = []
+    for step, base in enumerate(range(0, num_draws, slots)):
+        seats, chunks = [], []
+        for slot in range(slots):
+            blocks = list(range(1 + slot * per_slot, 1 + (slot + 1) * per_slot))
+            seats.append(SeatedRequest(slot, list(prompt), len(prompt), sampling, base + slot, []))
+            chunks.append(Chunk(slot, 0, n, blocks, True, False, list(drafts)))
+        freed = list(range(slots)) if step else []
+        result = runner.execute(StepPlan(step, seats, chunks, freed))
+        emitted += [[s.token_id, *s.more_ids] for s in result.sampled]
+    return emitted
+
+
+def _target_probs(tiny, ids, temperature):
+    """The model's distribution of the token after `ids` at this temperature."""
+    runner = make_runner(tiny)
+    seat = SeatedRequest(0, list(ids), len(ids), SamplingParams(temperature=0), 0, [])
+    chunk = Chunk(0, 0, len(ids), list(range(1, 1 + -(-len(ids) // 4))), True)
+    logits, _ = runner.compute_logits(StepPlan(0, [seat], [chunk], []))
+    z = logits[-1].astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    return p / p.sum()
+
+
+def _assert_follows(tokens: list[int], p: np.ndarray) -> None:
+    """Chi-square goodness of fit of the tokens' counts to p; cells expecting fewer than 5
+    draws are pooled into one."""
+    counts = np.bincount(tokens, minlength=len(p)).astype(np.float64)
+    expected = p * len(tokens)
+    keep = expected >= 5
+    observed = np.append(counts[keep], counts[~keep].sum())
+    expected = np.append(expected[keep], expected[~keep].sum())
+    statistic = ((observed - expected) ** 2 / expected).sum()
+    assert statistic < chi2_critical(len(observed) - 1), (statistic, observed, expected)
+
+
+@pytest.mark.parametrize("guess", ["likely", "unlikely"])
+def test_sampled_tokens_follow_the_target_distribution(tiny, guess):
+    """Seeded draws of one verification step against the model's own distributions, with
+    drafts that are often right (the most likely tokens) or often wrong (rare ones): the first
+    token must follow p(. | prompt), the first draft must be accepted with probability p(d1),
+    and after it the second token must follow p(. | prompt, d1). A verification that favoured
+    the drafts, or resampled wrongly after a rejection, shifts the counts far past the
+    critical value."""
+    prompt, temperature, num_draws = [5, 9, 13, 5, 9], 5.0, 1024  # a spread distribution
+    p1 = _target_probs(tiny, prompt, temperature)
+    d1 = int(np.argmax(p1) if guess == "likely" else np.argmin(p1))
+    p2 = _target_probs(tiny, [*prompt, d1], temperature)
+    d2 = int(np.argmax(p2) if guess == "likely" else np.argmin(p2))
+    emitted = _draws(tiny, prompt, [d1, d2], temperature, num_draws)
+    first = [e[0] for e in emitted]
+    _assert_follows(first, p1)
+    hits = sum(t == d1 for t in first)
+    assert abs(hits / num_draws - p1[d1]) < 4 * np.sqrt(p1[d1] / num_draws) + 0.01
+    assert all(len(e) == (1 if e[0] != d1 else 2 if e[1] != d2 else 3) for e in emitted)
+    if guess == "likely":
+        second = [e[1] for e in emitted if e[0] == d1]
+        assert len(second) > 100
+        _assert_follows(second, p2)
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """The chi-square value a statistic of df degrees of freedom exceeds with probability
+    about 1e-3 (z: the normal quantile), by Wilson and Hilferty's cube-root approximation."""
+    c = 2.0 / (9.0 * df)
+    return df * (1.0 - c + z * np.sqrt(c)) ** 3

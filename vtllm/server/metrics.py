@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from vtllm.scheduler.output import ABORT
-from vtllm.server.vllm_metrics import VllmMetrics
+from vtllm.server.vllm_metrics import VllmMetrics, spec_decode_families
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -262,6 +262,8 @@ class _SchedulerCounters:
             family = CounterMetricFamily(name, doc, labels=["model_name"])
             family.add_metric([state.model_name], value)
             yield family
+        stats = scheduler.spec_stats
+        yield from spec_decode_families("vt:", stats, ["model_name"], [state.model_name])
 
 
 async def metrics(request: Request) -> Response:

@@ -30,6 +30,30 @@ _REQUEST_BUCKETS = (
 _N_BUCKETS = (1, 2, 5, 10, 20)
 
 
+def spec_decode_families(prefix: str, stats, label_names: list[str], label_values: list[str]):
+    """Speculative decoding's counters as vLLM names them (`<prefix>spec_decode_*`), from the
+    scheduler's SpecStats; nothing when speculation is off (stats None)."""
+    if stats is None:
+        return
+    counts = {
+        "num_drafts": ("speculative chunks verified", stats.num_drafts),
+        "num_draft_tokens": ("proposed tokens verified", stats.num_draft_tokens),
+        "num_accepted_tokens": ("proposed tokens accepted", stats.num_accepted_tokens),
+    }
+    for name, (doc, value) in counts.items():
+        family = CounterMetricFamily(f"{prefix}spec_decode_{name}", doc, labels=label_names)
+        family.add_metric(label_values, value)
+        yield family
+    family = CounterMetricFamily(
+        f"{prefix}spec_decode_num_accepted_tokens_per_pos",
+        "proposed tokens accepted, by position in the proposal (0 = first)",
+        labels=[*label_names, "position"],
+    )
+    for position, value in enumerate(stats.accepted_per_pos):
+        family.add_metric([*label_values, str(position)], value)
+    yield family
+
+
 def buckets_1_2_5(max_value: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to max_value: vLLM's buckets of token counts."""
     out, scale = [], 1
@@ -190,3 +214,4 @@ class _SchedulerCounters:
             family = CounterMetricFamily(name, doc, labels=list(LABELS))
             family.add_metric(labels, value)
             yield family
+        yield from spec_decode_families("vllm:", scheduler.spec_stats, list(LABELS), labels)

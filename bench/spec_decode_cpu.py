@@ -1,0 +1,103 @@
+"""N-gram speculation on the CPU default model: single-request (c1) decode speed with and
+without it, on a copy-heavy prompt set and a plain chat set, through the offline API:
+
+    python -m bench.spec_decode_cpu [--max-tokens 128] [--repeats 1] [--limit N] [--json]
+        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 3, ...}']
+
+Prompts are bench/prompts/copy_heavy.jsonl (repeat or edit code, summarise quoting, JSON with
+repeated keys) and bench/prompts/chat_plain.jsonl, rendered with the model's chat template and
+run greedily one at a time. Decode tok/s is (output tokens - 1) over the time from the first
+token to the last, summed over the set (best of the repeats); the acceptance rate is accepted
+over proposed tokens. Greedy outputs must be the same either way (`outputs_equal`).
+Timings mean something only on a quiet machine (BENCHMARKS.md).
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from vtllm.cli.bench import machine
+
+PROMPTS = Path(__file__).resolve().parent / "prompts"
+SETS = ("copy_heavy", "chat_plain")
+DEFAULT_SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+                "prompt_lookup_max": 4}  # fmt: skip
+
+
+def load_set(name: str) -> list[list[dict]]:
+    lines = (PROMPTS / f"{name}.jsonl").read_text().splitlines()
+    return [json.loads(line)["messages"] for line in lines if line.strip()]
+
+
+def run_set(llm, prompts: list[str], params) -> tuple[float, int, list[list[int]]]:
+    """(decode seconds, decode tokens, outputs) of the prompts run one at a time."""
+    seconds, tokens, outputs = 0.0, 0, []
+    for prompt in prompts:
+        first = []
+
+        def on_update(_index, delta, first=first):
+            if delta.token_ids and not first:
+                first.append(time.perf_counter())
+
+        (out,) = llm.generate([prompt], params, on_update=on_update)
+        ended = time.perf_counter()
+        ids = out.outputs[0].token_ids
+        outputs.append(ids)
+        if len(ids) > 1:
+            seconds += ended - first[0]
+            tokens += len(ids) - 1
+    return seconds, tokens, outputs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=0, help="prompts per set (0: all)")
+    parser.add_argument("--speculative-config", default=json.dumps(DEFAULT_SPEC))
+    parser.add_argument("--json", action="store_true", help="JSON to stdout instead of text")
+    args = parser.parse_args()
+
+    from vtllm import LLM, SamplingParams
+
+    plain = LLM()
+    spec = LLM(loaded_model=plain.loaded, speculative_config=args.speculative_config)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    report = {"machine": machine(), "max_tokens": args.max_tokens}
+    report["speculative_config"] = json.loads(args.speculative_config)
+    for llm in (plain, spec):
+        llm.generate(["warm up"], SamplingParams(temperature=0.0, max_tokens=4))
+    for name in SETS:
+        chats = load_set(name)[: args.limit or None]
+        prompts = [plain.render_chat(messages) for messages in chats]
+        best, outputs = {}, {}
+        stats = spec.scheduler.spec_stats
+        drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+        for _ in range(args.repeats):
+            for label, llm in (("plain", plain), ("speculative", spec)):
+                seconds, tokens, outputs[label] = run_set(llm, prompts, params)
+                rate = tokens / seconds if seconds else 0.0
+                best[label] = max(best.get(label, 0.0), rate)
+        drafted, accepted = stats.num_draft_tokens - drafted, stats.num_accepted_tokens - accepted
+        report[name] = {
+            "prompts": len(prompts),
+            "plain_decode_tok_s": round(best["plain"], 1),
+            "speculative_decode_tok_s": round(best["speculative"], 1),
+            "speedup": round(best["speculative"] / best["plain"], 3) if best["plain"] else None,
+            "draft_tokens": drafted,
+            "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+            "outputs_equal": outputs["plain"] == outputs["speculative"],
+        }
+    spec.close()
+    plain.close()
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        for key, value in report.items():
+            print(f"{key:>20}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

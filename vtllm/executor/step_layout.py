@@ -177,8 +177,9 @@ def extend_block_tables(chunks: list[Chunk], block_tables: np.ndarray, num_slot_
 def prompt_logprobs(plan: StepPlan, logits, prompt_ids, prompt_lens, num_prompt_logprobs, ops):
     """Logprobs of the prompt tokens inside the chunks that asked for them, from host logits
     laid out as the step's logits rows (every row of such a chunk, the last row of other
-    sampling chunks, the last d + 1 of one with d drafts). prompt_ids [slots, len] holds the prompts; ops is a CPU kernel table.
-    Returns slot -> one TokenLogprobs per scored prompt token."""
+    sampling chunks, the last d + 1 of one with d drafts). prompt_ids [slots, len] holds the
+    prompts; ops is a CPU kernel table. Returns slot -> one TokenLogprobs per scored prompt
+    token."""
     result, row = {}, 0
     for c in plan.chunks:
         if not c.prompt_logprobs:

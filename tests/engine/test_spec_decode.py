@@ -15,7 +15,6 @@ import anyio
 import numpy as np
 import pytest
 
-from tests.engine.test_depth2_law import _serve
 from tests.models.runner_util import make_runner
 from vtllm.config import resolve
 from vtllm.engine import loop as loop_module
@@ -70,10 +69,38 @@ def _workload(tiny, seed: int = 5):
             params["min_tokens"] = 3
         if rng.random() < 0.3:
             params["logprobs"] = 2
+        if rng.random() < 0.2:  # prompt rows beside speculative rows in one step's logits
+            params["prompt_logprobs"] = 1
         if i == 5:
             params["allowed_token_ids"] = list(range(3, 12))
         work.append((f"r{i}", prompt, SamplingParams(**params), None))
     return work
+
+
+async def _serve(loop: StepLoop, work):
+    """request id -> (tokens, logprobs, prompt logprobs, finish reason, stop reason, text)."""
+    results = {}
+
+    async def consume(request_id, collector):
+        tokens, logprobs, prompt_logprobs, text = [], [], [], ""
+        while True:
+            update = await collector.get()
+            tokens += update.token_ids
+            logprobs += [(lp.token_id, lp.logprob, lp.top_ids) for lp in update.logprobs]
+            prompt_logprobs += [(lp.token_id, lp.logprob) for lp in update.prompt_logprobs]
+            text += update.text
+            if update.finished:
+                break
+        reasons = (update.finish_reason, update.stop_reason, update.num_output_tokens)
+        results[request_id] = (tokens, logprobs, prompt_logprobs, *reasons, text)
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        async with anyio.create_task_group() as consumers:
+            for request_id, prompt, params, _ in work:
+                consumers.start_soon(consume, request_id, loop.add(request_id, prompt, params))
+        loop.stop()
+    return results
 
 
 def _run(tiny, work, depth: int, spec: dict | None):
@@ -124,7 +151,8 @@ def test_speculation_changes_no_output(tiny, plain, depth, monkeypatch):
     assert stats.num_accepted_tokens > 40 and stats.accepted_per_pos[1] > 0, stats
     assert stats.num_draft_tokens > 2 * stats.num_accepted_tokens, stats
     assert scheduler.num_preemptions > 0
-    assert any(isinstance(r[3], str) for r in expected.values()), "a stop string should hit"
+    assert any(isinstance(r[4], str) for r in expected.values()), "a stop string should hit"
+    assert sum(bool(r[2]) for r in expected.values()) >= 3, "prompt logprobs"
     assert cut_runs, "a stop string should end a request inside a speculative run"
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.kernels import QType
-from vtllm.models import moe_checkpoint
+from vtllm.models import gguf_families, moe_checkpoint
 from vtllm.models.config import ModelConfig
 from vtllm.models.gguf_file import GGUFFile
 from vtllm.models.registry import Family, family
@@ -59,20 +59,31 @@ def read_config(reader, path: Path) -> tuple[ModelConfig, Family]:
     vocab = field(reader, f"{arch}.vocab_size")
     if vocab is None:
         vocab = len(field(reader, "tokenizer.ggml.tokens", []))
-    scaling = None
-    scaling_type = field(reader, f"{arch}.rope.scaling.type")
-    if scaling_type == "linear":
-        scaling = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
-    elif scaling_type not in (None, "none"):
-        raise UnsupportedModel(f"{path}: rope scaling {scaling_type!r} is not supported")
+    head_dim = int(field(reader, f"{arch}.attention.key_length", hidden // num_heads))
+    family_fields = {}
+    if fam.name in gguf_families.FAMILIES:  # Gemma 2 / 3, Phi-3: their own keys and tensors
+        family_fields = gguf_families.config_fields(
+            fam.name,
+            lambda key: field(reader, key),
+            lambda name: _float32_values(reader, name, path),
+            path,
+            layers=layers,
+            hidden=hidden,
+            heads=num_heads,
+            head_dim=head_dim,
+        )
+    if "rope_scaling" in family_fields:
+        scaling = family_fields.pop("rope_scaling")
+    else:
+        scaling = _linear_scaling(field(reader, f"{arch}.rope.scaling.type"), need, path)
     eos = field(reader, "tokenizer.ggml.eos_token_id")
-    config = ModelConfig(
+    fields = dict(
         architecture=fam.name,
         hidden_size=hidden,
         num_layers=layers,
         num_heads=num_heads,
         num_kv_heads=int(field(reader, f"{arch}.attention.head_count_kv", num_heads)),
-        head_dim=int(field(reader, f"{arch}.attention.key_length", hidden // num_heads)),
+        head_dim=head_dim,
         intermediate_size=int(need("feed_forward_length")),
         vocab_size=int(vocab),
         rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
@@ -86,7 +97,25 @@ def read_config(reader, path: Path) -> tuple[ModelConfig, Family]:
         eos_token_ids=() if eos is None else (int(eos),),
         **experts,
     )
-    return config, fam
+    return ModelConfig(**{**fields, **family_fields}), fam
+
+
+def _linear_scaling(kind, need, path: Path) -> dict | None:
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    if kind not in (None, "none"):
+        raise UnsupportedModel(f"{path}: rope scaling {kind!r} is not supported")
+    return None
+
+
+def _float32_values(reader, name: str, path: Path) -> np.ndarray | None:
+    """An F32 tensor's values by name (None when the file has none of that name)."""
+    t = next((t for t in reader.tensors if t.name == name), None)
+    if t is None:
+        return None
+    if t.type != QType.F32:
+        raise UnsupportedModel(f"{path}: tensor {name} must be F32")
+    return np.array(t.data.view(np.float32))
 
 
 def _unpermute_rows(w: Weight, num_heads: int) -> Weight:
@@ -166,6 +195,9 @@ def load_weights(reader, config: ModelConfig, fam: Family, path: Path) -> ModelW
 
     layers = []
     for i in range(config.num_layers):
+        if fam.name in gguf_families.FAMILIES:
+            layers.append(gguf_families.load_layer(config, i, set(tensors), matrix, vector, fuse))
+            continue
         p = f"blk.{i}."
         q, k, v = (
             matrix(p + "attn_q.weight"),

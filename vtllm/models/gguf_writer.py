@@ -8,8 +8,10 @@ tokenizer does not match. This writes what that converter writes for the familie
 layer's experts stacked into one 3-D ffn_{gate,up,down}_exps tensor and its router as an F32
 ffn_gate_inp): F16 matrices; F32 norms and biases; the llama family's Q and K rows
 permuted for llama.cpp's rotation; llama3 rope scaling as per-frequency divisors
-(`rope_freqs.weight`); a byte-level BPE tokenizer as a gpt2 vocabulary with the default
-pre-tokenizer (the benchmarks send token ids). Tensors are converted and written one at a
+(`rope_freqs.weight`); Gemma 2, Gemma 3 and Phi-3 by their own conventions
+(models/gguf_families: norms as 1 + w, fused Phi-3 tensors, longrope factor tensors); F32
+matrices instead of F16 on request; a byte-level BPE tokenizer as a gpt2 vocabulary with the
+default pre-tokenizer (the benchmarks send token ids). Tensors are converted and written one at a
 time, so the 8B shape (16 GB) never sits in memory whole. llama.cpp as
 loadtest/peers/build_llama_cuda.sh builds it loads the synthetic shapes' copies.
 """
@@ -21,11 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from vtllm.errors import UnsupportedModel
+from vtllm.models import gguf_families
 from vtllm.models.moe_checkpoint import hub_block, hub_names
 from vtllm.models.safetensors_loader import map_tensors, read_config
 
 _TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_UNUSED = 1, 3, 5  # llama.cpp's token types
-_MOSTLY_F16 = 1  # general.file_type
+_ALL_F32, _MOSTLY_F16 = 0, 1  # general.file_type
+# rope scaling each family's GGUF can hold (others are refused)
+_SCALINGS = {"gemma2": (None,), "gemma3": (None, "linear"), "phi3": (None, "longrope")}
 COPY_NAME = "model-f16.gguf"  # a checkpoint's GGUF copy, beside its weights
 # llama.cpp refuses a gpt2 vocabulary without merges, and GGUF has no empty arrays, so a byte
 # tokenizer with none (the synthetic ones) gets this one: "!!" is no token, and a merged pair
@@ -143,8 +148,9 @@ def _vocabulary(directory: Path, vocab_size: int):
     return tokens, types, merges
 
 
-def write_gguf(checkpoint: Path, out: Path) -> Path:
-    """Writes `out` (GGUF, F16 matrices) from the HF-format checkpoint directory."""
+def write_gguf(checkpoint: Path, out: Path, *, float32: bool = False) -> Path:
+    """Writes `out` (GGUF, F16 matrices, or F32 with float32) from the HF-format checkpoint
+    directory."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from vtllm.models.registry import family, gguf_architecture
@@ -153,11 +159,65 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
     config = read_config(checkpoint)
     fam = family(config.architecture)
     scaling = (config.rope_scaling or {}).get("rope_type")
-    if scaling not in (None, "llama3"):
+    if scaling not in _SCALINGS.get(fam.name, (None, "llama3")):
         raise UnsupportedModel(f"{checkpoint}: rope scaling {scaling!r} is not written to GGUF")
     source = map_tensors(checkpoint)
     writer = GGUFWriter(str(out), gguf_architecture(fam))
-    writer.add_file_type(_MOSTLY_F16)
+    writer.add_file_type(_ALL_F32 if float32 else _MOSTLY_F16)
+    if fam.name in gguf_families.FAMILIES:
+        gguf_families.write_metadata(writer, config, fam.name, checkpoint)
+    else:
+        _write_llama_metadata(writer, config)
+    _write_vocabulary(writer, checkpoint, config)
+    plan = _plan(config, fam)
+    missing = [n for _, hf, _, _ in plan for n in _names(hf) if n not in source]
+    if missing:
+        raise UnsupportedModel(f"{checkpoint}: tensor {missing[0]} is missing")
+    matrix = (
+        (np.dtype(np.float32), GGMLQuantizationType.F32)
+        if float32
+        else (np.dtype(np.float16), GGMLQuantizationType.F16)
+    )
+    f32 = (np.dtype(np.float32), GGMLQuantizationType.F32)
+    # kind -> (dtype, GGML type); a "norm" is written as 1 + w (Gemma's convention)
+    stored = {"matrix": matrix, "experts": matrix, "vector": f32, "router": f32, "norm": f32}
+    for name, hf, kind, _ in plan:
+        first = source[_names(hf)[0]].shape
+        shape = (len(hf), *first) if kind == "experts" else first
+        dtype, raw = stored[kind]
+        writer.add_tensor_info(name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=raw)
+    extras = gguf_families.writer_extra_tensors(config)
+    if scaling == "llama3":
+        extras.append(("rope_freqs.weight", llama3_rope_freqs(config)))
+    for name, values in extras:
+        writer.add_tensor_info(name, values.shape, values.dtype, values.nbytes, raw_dtype=f32[1])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, hf, kind, heads in plan:
+        if kind == "experts":
+            data = np.stack([_as_float32(source[n]) for n in hf])
+        else:
+            data = _as_float32(source[hf])
+        if heads is not None:
+            data = permute_qk(data, heads)
+        if kind == "norm":
+            data = data + np.float32(1.0)
+        writer.write_tensor_data(data.astype(stored[kind][0]))
+    for _, values in extras:
+        writer.write_tensor_data(values)
+    writer.close()
+    return Path(out)
+
+
+def _plan(config, fam):
+    if fam.name in gguf_families.FAMILIES:
+        return gguf_families.writer_tensors(config, fam.name)
+    return _tensors(config, fam)
+
+
+def _write_llama_metadata(writer, config) -> None:
+    """The llama / qwen2 / qwen3 / MoE families' keys."""
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_layers)
@@ -177,6 +237,9 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
         # llama.cpp renormalizes the top-k weights of both families and reads no key for it;
         # vtllm's loader reads this one, so a Qwen3-MoE without norm_topk_prob survives
         writer.add_expert_weights_norm(config.norm_topk_prob)
+
+
+def _write_vocabulary(writer, checkpoint: Path, config) -> None:
     tokens, types, merges = _vocabulary(checkpoint, config.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -187,40 +250,3 @@ def write_gguf(checkpoint: Path, out: Path) -> Path:
         writer.add_bos_token_id(config.bos_token_id)
     if config.eos_token_ids:
         writer.add_eos_token_id(config.eos_token_ids[0])
-
-    plan = _tensors(config, fam)
-    missing = [n for _, hf, _, _ in plan for n in _names(hf) if n not in source]
-    if missing:
-        raise UnsupportedModel(f"{checkpoint}: tensor {missing[0]} is missing")
-    f16 = (np.dtype(np.float16), GGMLQuantizationType.F16)
-    f32 = (np.dtype(np.float32), GGMLQuantizationType.F32)
-    stored = {"matrix": f16, "experts": f16, "vector": f32, "router": f32}  # kind -> types
-    for name, hf, kind, _ in plan:
-        first = source[_names(hf)[0]].shape
-        shape = (len(hf), *first) if kind == "experts" else first
-        dtype, raw = stored[kind]
-        writer.add_tensor_info(name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=raw)
-    freqs = llama3_rope_freqs(config) if scaling == "llama3" else None
-    if freqs is not None:
-        writer.add_tensor_info(
-            "rope_freqs.weight",
-            freqs.shape,
-            freqs.dtype,
-            freqs.nbytes,
-            raw_dtype=GGMLQuantizationType.F32,
-        )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for _, hf, kind, heads in plan:
-        if kind == "experts":
-            data = np.stack([_as_float32(source[n]) for n in hf])
-        else:
-            data = _as_float32(source[hf])
-        if heads is not None:
-            data = permute_qk(data, heads)
-        writer.write_tensor_data(data.astype(stored[kind][0]))
-    if freqs is not None:
-        writer.write_tensor_data(freqs)
-    writer.close()
-    return Path(out)

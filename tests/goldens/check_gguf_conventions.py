@@ -14,23 +14,25 @@ For each tiny checkpoint of tests/models/gemma_tiny.py and phi3_tiny.py (Gemma 2
 query_pre_attn_scalar = head_dim, which is all a GGUF can say; Gemma 3; Phi-3 with longrope
 and a window; Phi-4-mini with partial rotary and tied embeddings), given a small
 SentencePiece tokenizer.model (the converter's Gemma and Phi-3 vocabularies are SPM), it runs
-llama.cpp's converter (--outtype f32) and vtllm's writer (float32=True), then compares:
-- tensors: the same names, shapes, types and bytes;
+llama.cpp's converter and vtllm's writer twice (--outtype f32 / float32=True, and f16, the
+writer's default), then compares:
+- tensors: the same names, shapes, types and bytes (F16 matrices, F32 norms and factors);
 - metadata: the same `<arch>.*` keys, general.architecture and general.file_type, with the
   same values (the other general.* keys, which name the model, and the
   vocabulary are not compared: vtllm's writer writes a byte-level vocabulary from
   tokenizer.json, the converter the SPM one);
-- and reads the converter's file with vtllm's GGUF loader: the same ModelConfig and the same
+- and reads the converter's F32 file with vtllm's GGUF loader: the same ModelConfig and the same
   teacher-forced logits, bit for bit, as the safetensors checkpoint.
 It exits 1 on any difference.
 
 Result (llama.cpp of llama-cpp-python 0.3.36's sdist; torch 2.13 CPU, transformers 5.25):
-all four models agree on every tensor (names, shapes, F32 bytes: Gemma's norms as 1 + w,
-Phi-3's fused attn_qkv / ffn_up, rope_factors_long / short) and every architecture key
-(Gemma 2: soft-caps, sliding_window, no rope base; Gemma 3: rope.freq_base and
-freq_base_swa, linear scaling factor 8, sliding_window; Phi-3: rope.dimension_count 12 on
-Phi-4-mini, rope.scaling.attn_factor, original_context_length, sliding_window 0 or 12), and
-the converter's files load in vtllm to the safetensors checkpoints' logits bit for bit. The
+all four models agree, in F32 and in F16, on every tensor (names, shapes, types, bytes:
+Gemma's norms as 1 + w, Phi-3's fused attn_qkv / ffn_up, rope_factors_long / short) and
+every architecture key (Gemma 2: soft-caps, sliding_window, no rope base; Gemma 3:
+rope.freq_base and freq_base_swa, linear scaling factor 8, sliding_window; Phi-3:
+rope.dimension_count 12 on Phi-4-mini, rope.scaling.attn_factor, original_context_length,
+sliding_window 0 or 12), and the converter's F32 files load in vtllm to the safetensors
+checkpoints' config and logits bits. The
 keys only the converter writes: general.name / size_label / type / quantization_version and
 its SPM vocabulary (tokenizer.ggml.scores, add_space_prefix for Gemma, padding_token_id).
 """
@@ -99,12 +101,12 @@ def make_checkpoint(directory: Path, name: str, spm_model: bytes) -> Path:
     return directory
 
 
-def convert(args, checkpoint: Path, out: Path) -> None:
+def convert(args, checkpoint: Path, out: Path, outtype: str) -> None:
     llama_cpp = Path(args.llama_cpp)
     paths = [str(llama_cpp / "gguf-py"), *([args.ref_path] if args.ref_path else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     command = [args.ref_python, str(llama_cpp / "convert_hf_to_gguf.py"), str(checkpoint)]
-    command += ["--outfile", str(out), "--outtype", "f32"]
+    command += ["--outfile", str(out), "--outtype", outtype]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"convert_hf_to_gguf.py failed on {checkpoint}:\n{done.stderr[-3000:]}")
@@ -156,12 +158,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in CASES:
             checkpoint = make_checkpoint(Path(tmp) / name, name, spm_model)
-            converted, ours = Path(tmp) / f"{name}.llama-cpp.gguf", Path(tmp) / f"{name}.gguf"
-            convert(args, checkpoint, converted)
-            write_gguf(checkpoint, ours, float32=True)
-            theirs = GGUFFile(converted)
-            problems = compare_files(GGUFFile(ours), theirs)
-            problems += compare_models(converted, checkpoint, name)
+            problems, theirs = [], None
+            for outtype in ("f32", "f16"):
+                converted = Path(tmp) / f"{name}.llama-cpp.{outtype}.gguf"
+                ours = Path(tmp) / f"{name}.{outtype}.gguf"
+                convert(args, checkpoint, converted, outtype)
+                write_gguf(checkpoint, ours, float32=outtype == "f32")
+                theirs = GGUFFile(converted)
+                found = compare_files(GGUFFile(ours), theirs)
+                problems += [f"{outtype}: {problem}" for problem in found]
+                if outtype == "f32":
+                    problems += compare_models(converted, checkpoint, name)
             only_theirs = sorted(k for k in theirs.fields if uncompared(k))
             print(
                 f"{name}: {len(theirs.tensors)} tensors, "

@@ -45,7 +45,7 @@ def checkpoint(directory: Path, name: str, *, f16: bool = False, config=None) ->
     directory.mkdir()
     save_file(arrays, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(cfg))
-    vocab = cfg["vocab_size"]
+    vocab = cfg.get("text_config", cfg)["vocab_size"]
     (directory / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json(vocab)))
     return directory
 
@@ -146,6 +146,22 @@ def test_layer_pattern_and_defaults_as_llama_cpp_reads_them():
         "gemma3.attention.sliding_window_pattern": [False, True, True, False],
     }
     assert read("gemma3", g3_array)["sliding_layers"] == (False, True, True, False)
+
+
+def test_a_multimodal_gemma3_writes_its_text_model(tmp_path):
+    text = {k: v for k, v in gemma_tiny.CONFIGS["gemma3"].items() if k != "architectures"}
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "text_config": text}
+    hf_dir = checkpoint(tmp_path / "hf", "gemma3", config=cfg)
+    arrays = gemma_tiny.tensors("gemma3")
+    arrays = {"model.language_model." + k.removeprefix("model."): v for k, v in arrays.items()}
+    arrays["model.vision_tower.patch_embedding.weight"] = np.ones((4, 4), np.float32)
+    save_file(arrays, str(hf_dir / "model.safetensors"))
+    path = write_gguf(hf_dir, tmp_path / "m.gguf", float32=True)
+    plain = write_gguf(checkpoint(tmp_path / "plain", "gemma3"), tmp_path / "p.gguf", float32=True)
+    names = lambda p: [t.name for t in GGUFFile(p).tensors]  # noqa: E731
+    assert names(path) == names(plain)
+    ids = gemma_tiny.prompt("gemma3")[:16]
+    assert np.array_equal(logits(load_model(path), ids), logits(load_model(plain), ids))
 
 
 def test_a_pattern_off_the_period_is_written_per_layer(tmp_path):

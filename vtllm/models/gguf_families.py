@@ -208,13 +208,21 @@ def _rotary_reorder(qkv: list[Weight], config: ModelConfig) -> list[Weight]:
 # ---- the writer's half ----------------------------------------------------------------
 
 
-def writer_tensors(config: ModelConfig, fam: str) -> list[tuple]:
+# where a text model's tensors sit: Gemma*ForCausalLM, then Gemma3ForConditionalGeneration as
+# transformers >= 4.52 and older ones save it (gemma_checkpoint reads the same three)
+_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+
+
+def writer_tensors(config: ModelConfig, fam: str, hf_names) -> list[tuple]:
     """(GGUF name, HF name, kind, None) in file order, as gguf_writer's plan: kind "matrix"
-    (the chosen float type), "vector" (F32) or "norm" (F32, stored as 1 + w)."""
+    (the chosen float type), "vector" (F32) or "norm" (F32, stored as 1 + w). hf_names: the
+    checkpoint's tensor names (a multimodal Gemma 3's text model sits under its own prefix;
+    its vision tower is not written, as the converter leaves it to the mmproj file)."""
     norm = "norm" if fam != "phi3" else "vector"
-    out = [("token_embd.weight", "model.embed_tokens.weight", "matrix", None)]
+    pre = next((p for p in _PREFIXES if p + "embed_tokens.weight" in hf_names), "model.")
+    out = [("token_embd.weight", pre + "embed_tokens.weight", "matrix", None)]
     for i in range(config.num_layers):
-        g, h = f"blk.{i}.", f"model.layers.{i}."
+        g, h = f"blk.{i}.", f"{pre}layers.{i}."
         out.append((g + "attn_norm.weight", h + "input_layernorm.weight", norm, None))
         if fam == "phi3":
             out += [
@@ -243,9 +251,10 @@ def writer_tensors(config: ModelConfig, fam: str) -> list[tuple]:
             (g + "ffn_down.weight", h + "mlp.down_proj.weight", "matrix", None),
             (g + "post_ffw_norm.weight", h + "post_feedforward_layernorm.weight", norm, None),
         ]
-    out.append(("output_norm.weight", "model.norm.weight", norm, None))
+    out.append(("output_norm.weight", pre + "norm.weight", norm, None))
     if not config.tie_word_embeddings:
-        out.append(("output.weight", "lm_head.weight", "matrix", None))
+        head = "language_model.lm_head.weight" if pre == _PREFIXES[2] else "lm_head.weight"
+        out.append(("output.weight", head, "matrix", None))
     return out
 
 

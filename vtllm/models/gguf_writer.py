@@ -169,7 +169,7 @@ def write_gguf(checkpoint: Path, out: Path, *, float32: bool = False) -> Path:
     else:
         _write_llama_metadata(writer, config)
     _write_vocabulary(writer, checkpoint, config)
-    plan = _plan(config, fam)
+    plan = _plan(config, fam, source)
     missing = [n for _, hf, _, _ in plan for n in _names(hf) if n not in source]
     if missing:
         raise UnsupportedModel(f"{checkpoint}: tensor {missing[0]} is missing")
@@ -210,9 +210,9 @@ def write_gguf(checkpoint: Path, out: Path, *, float32: bool = False) -> Path:
     return Path(out)
 
 
-def _plan(config, fam):
+def _plan(config, fam, source):
     if fam.name in gguf_families.FAMILIES:
-        return gguf_families.writer_tensors(config, fam.name)
+        return gguf_families.writer_tensors(config, fam.name, source)
     return _tensors(config, fam)
 
 

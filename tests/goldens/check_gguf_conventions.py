@@ -13,14 +13,14 @@ protobuf (--ref-path: a folder holding them, put on its PYTHONPATH).
 For each tiny checkpoint of tests/models/gemma_tiny.py and phi3_tiny.py (Gemma 2 with
 query_pre_attn_scalar = head_dim, which is all a GGUF can say; Gemma 3; Phi-3 with longrope
 and a window; Phi-4-mini with partial rotary and tied embeddings), given a small
-SentencePiece tokenizer.model (the converter's Gemma and Phi-3 vocabularies are SPM), it runs
+SentencePiece tokenizer.model (the converter's Gemma and Phi-3 vocabularies are SPM) and a
+tokenizer_config.json with added tokens of each kind and a chat template, it runs
 llama.cpp's converter and vtllm's writer twice (--outtype f32 / float32=True, and f16, the
 writer's default), then compares:
 - tensors: the same names, shapes, types and bytes (F16 matrices, F32 norms and factors);
-- metadata: the same `<arch>.*` keys, general.architecture and general.file_type, with the
-  same values (the other general.* keys, which name the model, and the
-  vocabulary are not compared: vtllm's writer writes a byte-level vocabulary from
-  tokenizer.json, the converter the SPM one);
+- metadata: the same `<arch>.*` keys, the same vocabulary (tokenizer.ggml.*: pieces, scores,
+  types, special ids, add_space_prefix), general.architecture and general.file_type, with
+  the same values (the other general.* keys, which name the model, are not compared);
 - and reads the converter's F32 file with vtllm's GGUF loader: the same ModelConfig and the same
   teacher-forced logits, bit for bit, as the safetensors checkpoint.
 It exits 1 on any difference.
@@ -33,8 +33,7 @@ rope.freq_base and freq_base_swa, linear scaling factor 8, sliding_window; Phi-3
 rope.dimension_count 12 on Phi-4-mini, rope.scaling.attn_factor, original_context_length,
 sliding_window 0 or 12), and the converter's F32 files load in vtllm to the safetensors
 checkpoints' config and logits bits. The
-keys only the converter writes: general.name / size_label / type / quantization_version and
-its SPM vocabulary (tokenizer.ggml.scores, add_space_prefix for Gemma, padding_token_id).
+keys only the converter writes: general.name / size_label / type / quantization_version.
 """
 
 import argparse
@@ -67,12 +66,26 @@ CASES = {  # name: (config, module with its tensors and prompt)
     "phi3": (phi3_tiny.CONFIGS["phi3"], phi3_tiny),
     "phi4mini": (phi3_tiny.CONFIGS["phi4mini"], phi3_tiny),
 }
+# added tokens of each kind the converter tells apart: marked special, unmarked but looking
+# special (Gemma: control), plain (user-defined; Gemma writes its spaces plain)
+TOKENIZER_CONFIG = {
+    "tokenizer_class": "LlamaTokenizer",
+    "add_bos_token": True,
+    "add_eos_token": False,
+    "added_tokens_decoder": {
+        "5": {"content": "<start_of_turn>", "special": True},
+        "6": {"content": "<unused0>", "special": False},
+        "7": {"content": "\u2581\u2581tab", "special": False},
+        "299": {"content": "<|end|>", "special": True},
+    },
+    "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+}
 GENERAL = ("general.architecture", "general.file_type")  # compared like the architecture's
 
 
 def uncompared(key: str) -> bool:
-    """Naming keys and the vocabulary (see the docstring)."""
-    return key.startswith(("general.", "tokenizer.")) and key not in GENERAL
+    """The keys that name the model (see the docstring)."""
+    return key.startswith("general.") and key not in GENERAL
 
 
 def small_spm() -> bytes:
@@ -98,6 +111,7 @@ def make_checkpoint(directory: Path, name: str, spm_model: bytes) -> Path:
     tokenizer = byte_tokenizer_json(config["vocab_size"])
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
     (directory / "tokenizer.model").write_bytes(spm_model)
+    (directory / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG))
     return directory
 
 
@@ -172,7 +186,7 @@ def main() -> None:
             only_theirs = sorted(k for k in theirs.fields if uncompared(k))
             print(
                 f"{name}: {len(theirs.tensors)} tensors, "
-                f"{sum(not uncompared(k) for k in theirs.fields)} architecture keys: "
+                f"{sum(not uncompared(k) for k in theirs.fields)} keys: "
                 + ("the same" if not problems else f"{len(problems)} differences")
             )
             print(f"  not compared: {', '.join(only_theirs)}")

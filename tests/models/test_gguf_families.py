@@ -6,16 +6,19 @@ checkpoint with its matrices stored as F16). That the writer and the loader foll
 conventions, not merely each other's, is checked against llama.cpp's own converter by
 tests/goldens/check_gguf_conventions.py."""
 
+import io
 import json
 from pathlib import Path
 
 import msgspec
 import numpy as np
 import pytest
+import sentencepiece as spm
 from safetensors.numpy import save_file
 
 from tests.models import gemma_tiny, phi3_tiny
 from tests.models.runner_util import make_runner, teacher_forced_logits
+from tests.models.spm_util import training_lines
 from vtllm.errors import UnsupportedModel
 from vtllm.models import gguf_families
 from vtllm.models.gguf_file import GGUFFile
@@ -176,6 +179,41 @@ def test_a_pattern_off_the_period_is_written_per_layer(tmp_path):
         True,
     ]
     assert load_model(path).config.sliding_layers == (True, False, False, True)
+
+
+def small_spm() -> bytes:
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(training_lines(n=300)),
+        model_writer=out,
+        model_type="bpe",
+        vocab_size=200,
+        hard_vocab_limit=False,
+        num_threads=1,
+        minloglevel=2,
+    )
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name", ["gemma2", "phi3"])
+def test_a_tokenizer_model_is_written_as_the_converters_spm_vocabulary(tmp_path, name):
+    hf_dir = checkpoint(tmp_path / "hf", name)
+    model = small_spm()
+    (hf_dir / "tokenizer.model").write_bytes(model)
+    added = {"5": {"content": "<start_of_turn>", "special": True}, "6": {"content": "<unused0>"}}
+    config = {"tokenizer_class": "LlamaTokenizer", "added_tokens_decoder": added}
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    path = write_gguf(hf_dir, tmp_path / "m.gguf")
+    fields = GGUFFile(path).fields
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    tokens, types = fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"]
+    assert fields["tokenizer.ggml.model"] == "llama" and len(tokens) == 320
+    assert tokens[10:200] == [sp.id_to_piece(i) for i in range(10, 200)]
+    assert (tokens[250], types[250], fields["tokenizer.ggml.scores"][250]) == ("[PAD250]", 5, -1e4)
+    assert (tokens[5], types[5]) == ("<start_of_turn>", 3)  # control
+    assert types[6] == (3 if name == "gemma2" else 4)  # Gemma: looks special; Phi-3: user-defined
+    assert fields.get("tokenizer.ggml.add_space_prefix") == (False if name == "gemma2" else None)
+    assert 5 in load_model(path).tokenizer.encode("<start_of_turn>kato")  # a special token
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,9 @@ permuted for llama.cpp's rotation; llama3 rope scaling as per-frequency divisors
 (`rope_freqs.weight`); Gemma 2, Gemma 3 and Phi-3 by their own conventions
 (models/gguf_families: norms as 1 + w, fused Phi-3 tensors, longrope factor tensors); F32
 matrices instead of F16 on request; a byte-level BPE tokenizer as a gpt2 vocabulary with the
-default pre-tokenizer (the benchmarks send token ids). Tensors are converted and written one at a
+default pre-tokenizer (the benchmarks send token ids), or for those three families, when the
+checkpoint has a tokenizer.model, the converter's SentencePiece vocabulary
+(models/gguf_spm_vocab). Tensors are converted and written one at a
 time, so the 8B shape (16 GB) never sits in memory whole. llama.cpp as
 loadtest/peers/build_llama_cuda.sh builds it loads the synthetic shapes' copies.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from vtllm.errors import UnsupportedModel
-from vtllm.models import gguf_families
+from vtllm.models import gguf_families, gguf_spm_vocab
 from vtllm.models.moe_checkpoint import hub_block, hub_names
 from vtllm.models.safetensors_loader import map_tensors, read_config
 
@@ -168,7 +170,10 @@ def write_gguf(checkpoint: Path, out: Path, *, float32: bool = False) -> Path:
         gguf_families.write_metadata(writer, config, fam.name, checkpoint)
     else:
         _write_llama_metadata(writer, config)
-    _write_vocabulary(writer, checkpoint, config)
+    if fam.name in gguf_families.FAMILIES and gguf_spm_vocab.uses_spm(checkpoint, fam.name):
+        gguf_spm_vocab.write_spm_vocabulary(writer, checkpoint, config.vocab_size, fam.name)
+    else:
+        _write_vocabulary(writer, checkpoint, config)
     plan = _plan(config, fam, source)
     missing = [n for _, hf, _, _ in plan for n in _names(hf) if n not in source]
     if missing:

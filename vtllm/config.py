@@ -147,7 +147,8 @@ KNOBS = (
         None,
         "speculative decoding, as vLLM's JSON: "
         '{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": A, '
-        '"prompt_lookup_max": B} (cpu device only; default: off)',
+        '"prompt_lookup_max": B}, or {"method": "draft_model", "model": PATH, '
+        '"num_speculative_tokens": K} (cpu device only; default: off)',
     ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
     Knob(
@@ -342,16 +343,20 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """--speculative-config, checked: n-gram prompt lookup with k proposals per step."""
+    """--speculative-config, checked: k proposals per step, by n-gram prompt lookup or by a
+    draft model (a checkpoint path) of the target's vocabulary."""
 
     method: str
     num_speculative_tokens: int
-    prompt_lookup_min: int
-    prompt_lookup_max: int
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
+    model: str | None = None  # draft_model's checkpoint
 
 
-_SPEC_FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
-_SPEC_METHODS = ("ngram", "draft_model")
+_SPEC_FIELDS = {
+    "ngram": ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"),
+    "draft_model": ("method", "num_speculative_tokens", "model"),
+}
 
 
 def parse_speculative_config(
@@ -372,15 +377,14 @@ def parse_speculative_config(
     if not isinstance(raw, dict):
         fail("must be a JSON object")
     method = raw.get("method")
-    if method not in _SPEC_METHODS:
-        fail(f"method must be one of {', '.join(_SPEC_METHODS)} (got {method!r})")
-    if method == "draft_model":
-        fail('method "draft_model" is not implemented yet; use "ngram"')
-    unknown = sorted(set(raw) - set(_SPEC_FIELDS))
+    if method not in _SPEC_FIELDS:
+        fail(f"method must be one of {', '.join(_SPEC_FIELDS)} (got {method!r})")
+    known = _SPEC_FIELDS[method]
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        fail(f"unknown field {unknown[0]!r} for method ngram (known: {', '.join(_SPEC_FIELDS)})")
+        fail(f"unknown field {unknown[0]!r} for method {method} (known: {', '.join(known)})")
     sizes = {}
-    for field in _SPEC_FIELDS[1:]:
+    for field in _SPEC_FIELDS["ngram"][1:]:
         value = raw.get(field)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             fail(f"{field} must be an integer (got {value!r})")
@@ -388,6 +392,11 @@ def parse_speculative_config(
     k, lo, hi = sizes.values()
     if k is None or k < 1:
         fail(f"num_speculative_tokens must be an integer >= 1 (got {k!r})")
+    if method == "draft_model":
+        model = raw.get("model")
+        if not isinstance(model, str) or not model.strip():
+            fail(f"model must name the draft model's checkpoint (got {model!r})")
+        return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model)
     if lo is None and hi is None:
         lo = hi = 5
     lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)

@@ -52,7 +52,12 @@ def test_llm_takes_a_dict_and_the_environment_a_string():
             r"prompt_lookup_min \(4\) must not exceed prompt_lookup_max \(2\)",
         ),
         ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0}', ">= 1"),
-        ('{"method": "draft_model", "num_speculative_tokens": 2}', "not implemented yet"),
+        ('{"method": "draft_model", "num_speculative_tokens": 2}', "model must name the draft"),
+        (
+            '{"method": "draft_model", "model": "d", "num_speculative_tokens": 2, '
+            '"prompt_lookup_max": 2}',
+            "unknown field 'prompt_lookup_max' for method draft_model",
+        ),
         ("{method: ngram}", "not valid JSON"),
         ("[1, 2]", "must be a JSON object"),
     ],

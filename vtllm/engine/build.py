@@ -61,6 +61,18 @@ def build_parts(
     else:
         backend, num_blocks = _cpu_backend(config, loaded, max_model_len, phases)
         resident_blocks = _cpu_resident_blocks(config, loaded, max_model_len, num_blocks)
+    proposer = None
+    if spec is not None and spec.method == "draft_model":
+        from vtllm.engine.speculative_draft import draft_proposer
+
+        proposer = draft_proposer(
+            spec.model,
+            loaded,
+            cpu_ops(config.cpu_numerics),
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=max_model_len,
+        )
     scheduler = Scheduler(
         SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
@@ -74,7 +86,8 @@ def build_parts(
             num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
             prompt_lookup_min=spec.prompt_lookup_min if spec else 1,
             prompt_lookup_max=spec.prompt_lookup_max if spec else 1,
-        )
+        ),
+        proposer,
     )
     return loaded, scheduler, backend, max_model_len
 

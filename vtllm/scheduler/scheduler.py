@@ -22,7 +22,8 @@ last token, which only the result brings. The law still holds: a speculating req
 tokens are what one-token steps would sample (the executor accepts a draft only when its own
 draw at that position gives it), and it is planned from host-known tokens only, at any depth.
 update() rolls back the rejected positions: the request's computed count moves back to its
-last token, and blocks that held only rejected positions return to the pool.
+last token, and blocks that held only rejected positions return to the pool. What proposes is
+pluggable (n-gram lookup by default; the engine passes a draft model's proposer).
 """
 
 from bisect import insort
@@ -37,14 +38,16 @@ from vtllm.scheduler.config import SchedulerConfig
 from vtllm.scheduler.output import ABORT, LENGTH, STOP, Delta
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan, StepResult
 from vtllm.scheduler.request import Request, RequestStatus
-from vtllm.scheduler.speculative import SpecStats, propose, roll_back
+from vtllm.scheduler.speculative import NgramProposer, SpecStats, num_drafts, roll_back
 
 RUNNING, FINISHED = RequestStatus.RUNNING, RequestStatus.FINISHED
 _order = attrgetter("order")
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, proposer=None):
+        """proposer: what proposes drafts when config.num_speculative_tokens > 0
+        (scheduler/speculative.NgramProposer unless given)."""
         self.config = config
         self.pool = BlockPool(
             config.num_blocks,
@@ -68,6 +71,9 @@ class Scheduler:
         self._arrivals = count()
         self.num_preemptions = 0
         self.spec_stats = SpecStats() if config.num_speculative_tokens else None
+        if config.num_speculative_tokens and proposer is None:
+            proposer = NgramProposer(config)
+        self.proposer = proposer
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -166,7 +172,8 @@ class Scheduler:
             n = num_tokens - start
             drafts = ()
             if n == 1 and req.speculates and start >= len(req.prompt_token_ids):
-                drafts = propose(req, self.config, budget - (len(running) - i))
+                k = num_drafts(req, cfg, budget - (len(running) - i))
+                drafts = self.proposer.propose(req, k) if k > 0 else ()
                 n += len(drafts)
             if n > 1 and not drafts:  # drafts already left room for the requests behind
                 # A prefill continuation leaves one token for each request behind it, so a
@@ -405,6 +412,8 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _finish(self, req: Request, reason: str, stop_reason: int | str | None) -> None:
+        if req.speculates:
+            self.proposer.forget(req)
         if req.status == RUNNING:
             # Cached full blocks outlive the request in the prefix cache (refcount 0, free).
             self.pool.cache_full_blocks(req, req.num_computed_tokens)

@@ -65,18 +65,36 @@ def propose_ngram(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[in
     return []
 
 
-def propose(req: Request, config: SchedulerConfig, room: int) -> list[int]:
-    """Drafts for a decoding request: at most k, at most `room` (the step's budget past its
-    own token), and never more than max_tokens leaves room for after the target's token."""
-    k = min(
+def num_drafts(req: Request, config: SchedulerConfig, room: int) -> int:
+    """How many drafts a decoding request may carry: at most k, at most `room` (the step's
+    budget past its own token), and never more than max_tokens leaves room for after the
+    target's own token."""
+    return min(
         config.num_speculative_tokens, room, req.max_output_tokens - len(req.output_token_ids) - 1
     )
-    if k < 1:
-        return []
+
+
+def known_tokens(req: Request) -> np.ndarray:
+    """The request's known tokens as an int32 array, kept on the request and grown by the
+    new tokens only."""
     if req.history is None:
-        req.history = TokenHistory(req.num_known_tokens + k + 64)
-    tokens = req.history.sync(req.prompt_token_ids, req.output_token_ids)
-    return propose_ngram(tokens, k, config.prompt_lookup_min, config.prompt_lookup_max)
+        req.history = TokenHistory(req.num_known_tokens + 64)
+    return req.history.sync(req.prompt_token_ids, req.output_token_ids)
+
+
+class NgramProposer:
+    """Prompt lookup. A proposer has two methods: propose(req, k) -> up to k drafts after the
+    request's known tokens, and forget(req) when the request ends (the scheduler calls both;
+    engine/speculative_draft.py has the draft-model proposer)."""
+
+    def __init__(self, config: SchedulerConfig):
+        self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
+
+    def propose(self, req: Request, k: int) -> list[int]:
+        return propose_ngram(known_tokens(req), k, self.min_n, self.max_n)
+
+    def forget(self, req: Request) -> None:
+        pass
 
 
 def roll_back(req: Request, pool: BlockPool) -> None:

@@ -19,7 +19,7 @@ from safetensors.numpy import save_file
 from tests.models import gemma_tiny, phi3_tiny
 from tests.models.runner_util import make_runner, teacher_forced_logits
 from tests.models.spm_util import training_lines
-from vtllm.errors import UnsupportedModel
+from vtllm.errors import ModelLoadError, UnsupportedModel
 from vtllm.models import gguf_families
 from vtllm.models.gguf_file import GGUFFile
 from vtllm.models.gguf_writer import write_gguf
@@ -214,6 +214,14 @@ def test_a_tokenizer_model_is_written_as_the_converters_spm_vocabulary(tmp_path,
     assert types[6] == (3 if name == "gemma2" else 4)  # Gemma: looks special; Phi-3: user-defined
     assert fields.get("tokenizer.ggml.add_space_prefix") == (False if name == "gemma2" else None)
     assert 5 in load_model(path).tokenizer.encode("<start_of_turn>kato")  # a special token
+
+
+def test_phi3_longrope_needs_both_factor_tensors():
+    long = {"rope_factors_long.weight": np.ones(8, np.float32)}
+    with pytest.raises(ModelLoadError, match="rope_factors_short.weight: missing"):
+        gguf_families.config_fields(
+            "phi3", {}.get, long.get, Path("m.gguf"), layers=2, hidden=64, heads=4, head_dim=16
+        )
 
 
 @pytest.mark.parametrize(

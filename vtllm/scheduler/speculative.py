@@ -1,5 +1,6 @@
-"""N-gram speculation (vLLM's prompt lookup), the scheduler's side: what to propose for a
-decoding request, and the counters of what verification accepted.
+"""Speculation, the scheduler's side: how many drafts a decoding request may carry, the n-gram
+proposer (vLLM's prompt lookup), the roll back after verification, and the counters of what
+verification accepted.
 
 The proposer looks for the most recent earlier occurrence of the request's last n tokens
 (n from prompt_lookup_max down to prompt_lookup_min) in its prompt and output, and proposes

@@ -152,7 +152,7 @@ def test_window_only_where_it_bites(tmp_path):
     assert LlamaModel(loaded.config, loaded.weights, ops, 12).window_spec is not None
 
     class NoWindowOps(CpuOps):
-        attention_spec = property()  # what CudaOps lacks
+        attention_spec = property()  # a backend without windowed attention
 
     with pytest.raises(UnsupportedModel, match="sliding_window 10"):
         LlamaModel(loaded.config, loaded.weights, NoWindowOps(kernels, loaded.config), 64)
@@ -182,5 +182,4 @@ def test_registry():
     assert registry.family_for_hf(["Phi3ForCausalLM"]).name == "phi3"
     assert registry.model_class("phi3") is LlamaModel
     assert registry.family("phi3").name == "phi3"  # GGUF: tests/models/test_gguf_families
-    with pytest.raises(UnsupportedModel, match="phi3.*CPU"):
-        registry.check_cuda("phi3")
+    registry.check_cuda("phi3")  # the CUDA backend has windowed attention

@@ -19,6 +19,10 @@ the unfused ops:
 - Attention takes the fused projection: q/k norm, rotary, the KV write and attention, in one
   kernel for one-token steps, else in two (kernels/cuda/attention.qkv_attention chooses).
 - A gate/up linear writes silu(gate) * up from its epilogue where its kernel has one.
+Gemma (models/ops.GemmaOps) runs unfolded: its post-norms normalize a branch's product before
+it joins the residual stream, which the folded epilogue (residual += product) cannot do; its
+GeGLU runs after the linear (gelu_tanh_and_mul), and windowed or soft-capped layers attend in
+the kernel attention.paged_attention gives them.
 """
 
 from dataclasses import dataclass
@@ -27,7 +31,9 @@ import numpy as np
 from numba import cuda
 
 from vtllm.kernels import cuda as kernels
+from vtllm.kernels.cuda.activation import gelu_tanh_and_mul, soft_cap
 from vtllm.kernels.cuda.attention import make_scratch, qkv_attention
+from vtllm.kernels.cuda.embedding import embedding_scaled
 from vtllm.kernels.cuda.gather import gather_rows, gather_tokens
 from vtllm.kernels.cuda.matmul import (
     DeviceWeight,
@@ -55,6 +61,8 @@ class DeviceLayer:
     ffn_norm: object
     gate_up: DeviceWeight | MixedRows  # packed: rows interleaved in runs of 8 (cuda/matmul)
     down: DeviceWeight
+    post_attn_norm: object | None = None  # Gemma's norms of a branch's output
+    post_ffn_norm: object | None = None
 
 
 @dataclass(slots=True)
@@ -63,6 +71,16 @@ class DeviceModel:
     layers: list[DeviceLayer]
     final_norm: object
     lm_head: DeviceWeight
+
+
+@dataclass(slots=True)
+class AttentionSpec:
+    """A layer's attention settings (models/ops.GemmaOps.attention_spec)."""
+
+    cos_sin: object  # device [max_positions, head_dim] float32
+    scale: float
+    window: int  # keys seen, the query's own included; 0: all
+    softcap: float  # 0: none
 
 
 @dataclass(slots=True)
@@ -122,6 +140,7 @@ class CudaOps:
             max_decode_rows, c.num_heads, c.head_dim, max_positions, stream=stream
         )
         self.T, self.fold = 0, False
+        self.rope_tables: dict[int, tuple] = {}  # id(host table) -> (host, device): one upload
 
     # -- binding --------------------------------------------------------------------------
     def bind(self, weights: ModelWeights, cos_sin) -> DeviceModel:
@@ -159,6 +178,8 @@ class CudaOps:
                 k_norm=vec(layer.k_norm),
                 o=w(layer.o),
                 ffn_norm=vec(layer.ffn_norm),
+                post_attn_norm=vec(layer.post_attn_norm),
+                post_ffn_norm=vec(layer.post_ffn_norm),
                 gate_up=stacked(layer.gate_up, gate_up=True),
                 down=w(layer.down),
             )
@@ -170,7 +191,8 @@ class CudaOps:
             lm_head = embed  # tied, and not packed: the rows serve both
         else:  # its own matrix, or (tied, bf16) a packed copy beside the embedding rows
             lm_head = w(head)
-        self.cos_sin = cuda.to_device(np.ascontiguousarray(cos_sin, np.float32), stream=s)
+        self.cos_sin = self._rope_table(cos_sin)
+        self.spec = AttentionSpec(self.cos_sin, self.scale, 0, 0.0)
         mats = [m for layer in layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         self.foldable = all(m.packed for m in mats)
         return DeviceModel(embed, layers, vec(weights.final_norm), lm_head)
@@ -187,13 +209,26 @@ class CudaOps:
     def decoder_layer(self, layer: int, fused, h: Hidden, step: StepInputs) -> None:
         raise NotImplementedError("the CUDA backend runs layers op by op")
 
+    def _rope_table(self, cos_sin):
+        """cos_sin on the device; the same host table (Gemma's layers share two) once."""
+        key = id(cos_sin)
+        if key not in self.rope_tables:  # the host array is kept so that its id stays its own
+            table = cuda.to_device(np.ascontiguousarray(cos_sin, np.float32), stream=self.stream)
+            self.rope_tables[key] = (cos_sin, table)
+        return self.rope_tables[key][1]
+
     # -- one step -------------------------------------------------------------------------
-    def embed(self, weight: DeviceWeight, step: StepInputs) -> Hidden:
+    def _start(self, step: StepInputs):
+        """A step's size, fusions and input ids; returns (ids, residual) views."""
         T = self.T = step.token_slots.shape[0]
         self.fold = self.foldable and T <= FOLD_TOKENS
-        s, ids, residual = self.stream, self.input_ids[:T], self.residual[:T]
-        gather_tokens(self.mirror, step.token_slots, step.positions, ids, stream=s)
-        kernels.embedding(ids, weight.data, weight.qtype, residual, stream=s)
+        ids, residual = self.input_ids[:T], self.residual[:T]
+        gather_tokens(self.mirror, step.token_slots, step.positions, ids, stream=self.stream)
+        return ids, residual
+
+    def embed(self, weight: DeviceWeight, step: StepInputs) -> Hidden:
+        ids, residual = self._start(step)
+        kernels.embedding(ids, weight.data, weight.qtype, residual, stream=self.stream)
         return Hidden(residual)
 
     def rms_norm(self, h: Hidden, weight):
@@ -220,29 +255,7 @@ class CudaOps:
         return out
 
     def attention(self, qkv, q_norm, k_norm, layer: int, step: StepInputs):
-        T = self.T
-        attn = self.attn[:T]
-        qkv_attention(
-            qkv,
-            self.q[:T],
-            self.kv_k[layer],
-            self.kv_v[layer],
-            step.slot_mapping,
-            step.positions,
-            self.cos_sin,
-            self.eps,
-            step.block_tables,
-            step.seq_lens,
-            step.query_start_loc,
-            self.scale,
-            attn,
-            self.attn_scratch,
-            q_norm=q_norm,
-            k_norm=k_norm,
-            flash=self.flash_prefill,
-            stream=self.stream,
-        )
-        return attn.reshape(T, self.config.q_size)
+        return self.attention_with(qkv, q_norm, k_norm, layer, step, self.spec)
 
     def add_linear(self, x, weight: DeviceWeight, h: Hidden) -> None:
         if self.fold:  # residual += x @ W.T in the linear's epilogue
@@ -275,4 +288,58 @@ class CudaOps:
             gather_rows(h.pending, rows, final_h, stream=s)
             kernels.rms_norm(final_h, norm, self.eps, final, residual=final_res, stream=s)
         weight.matmul(final, logits, x_scratch=self.x_scratch, stream=s)
+        return logits
+
+    # -- what the Gemma forward adds (models/ops.GemmaOps) ----------------------------------
+    def embed_scaled(self, weight: DeviceWeight, step: StepInputs, factor: float) -> Hidden:
+        ids, residual = self._start(step)
+        self.fold = False  # the post-norms (the module docstring)
+        embedding_scaled(ids, weight.data, weight.qtype, factor, residual, stream=self.stream)
+        return Hidden(residual)
+
+    def attention_spec(self, cos_sin, scale: float, window: int, softcap: float):
+        return AttentionSpec(self._rope_table(cos_sin), float(scale), int(window), softcap or 0.0)
+
+    def attention_with(self, qkv, q_norm, k_norm, layer: int, step: StepInputs, spec):
+        T = self.T
+        attn = self.attn[:T]
+        qkv_attention(
+            qkv,
+            self.q[:T],
+            self.kv_k[layer],
+            self.kv_v[layer],
+            step.slot_mapping,
+            step.positions,
+            spec.cos_sin,
+            self.eps,
+            step.block_tables,
+            step.seq_lens,
+            step.query_start_loc,
+            spec.scale,
+            attn,
+            self.attn_scratch,
+            q_norm=q_norm,
+            k_norm=k_norm,
+            flash=self.flash_prefill,
+            window=spec.window,
+            softcap=spec.softcap,
+            stream=self.stream,
+        )
+        return attn.reshape(T, self.config.q_size)
+
+    def add_linear_normed(self, x, weight: DeviceWeight, norm, h: Hidden) -> None:
+        out, s = self.h[: self.T], self.stream
+        weight.matmul(x, out, x_scratch=self.x_scratch, stream=s)
+        kernels.rms_norm(out, norm, self.eps, out, stream=s)
+        h.pending = out
+
+    def geglu_up(self, x, weight: DeviceWeight):
+        gate_up, act, s = self.gate_up[: self.T], self.act[: self.T], self.stream
+        weight.matmul(x, gate_up, x_scratch=self.x_scratch, stream=s)
+        # packed gate/up rows are interleaved in runs of 8 (kernels/cuda/matmul)
+        gelu_tanh_and_mul(gate_up, act, tile=8 if weight.packed else 0, stream=s)
+        return act
+
+    def soft_cap(self, logits, cap: float):
+        soft_cap(logits, cap, stream=self.stream)
         return logits

@@ -53,9 +53,12 @@ def write_kv_ref(k, v, k_cache, v_cache, slot_mapping):
     return k_cache, v_cache
 
 
-def paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+def paged_attention_ref(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=0, softcap=0.0
+):
     """[T, Hq, D] causal softmax(q.k * scale) @ v per sequence over its paged context; rows of q
-    outside every sequence are zero."""
+    outside every sequence are zero. window > 0: a query sees its last window positions only
+    (itself included); softcap > 0: scores s become softcap * tanh(s / softcap)."""
     t_all, hq, d = q.shape
     bs, hk = k_cache.shape[1], k_cache.shape[2]
     out = np.zeros((t_all, hq, d))
@@ -69,9 +72,12 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start
             pos = ctx - (q1 - q0) + i
             for h in range(hq):
                 kv = h // (hq // hk)
-                scores = keys[: pos + 1, kv] @ q[t, h].astype(np.float64) * scale
+                first = max(0, pos + 1 - window) if window else 0
+                scores = keys[first : pos + 1, kv] @ q[t, h].astype(np.float64) * scale
+                if softcap:
+                    scores = softcap * np.tanh(scores / softcap)
                 p = np.exp(scores - scores.max())
-                out[t, h] = p @ vals[: pos + 1, kv] / p.sum()
+                out[t, h] = p @ vals[first : pos + 1, kv] / p.sum()
     return out
 
 
@@ -80,6 +86,18 @@ def silu_and_mul_ref(x):
     x = np.asarray(x, np.float64)
     g, u = np.split(x, 2, axis=-1)
     return g / (1 + np.exp(-g)) * u
+
+
+def gelu_tanh_and_mul_ref(x):
+    """[T, I] gelu_tanh(x[:, :I]) * x[:, I:] (gelu's tanh approximation)."""
+    x = np.asarray(x, np.float64)
+    g, u = np.split(x, 2, axis=-1)
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) * u
+
+
+def soft_cap_ref(x, cap):
+    """cap * tanh(x / cap)."""
+    return cap * np.tanh(np.asarray(x, np.float64) / cap)
 
 
 # Sampling references are appended below by their owner.

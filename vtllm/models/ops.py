@@ -101,8 +101,9 @@ class Ops(Protocol):
 
 
 class GemmaOps(Ops, Protocol):
-    """What the Gemma forward (models/gemma) asks beyond Ops. executor/cpu_ops implements it;
-    the CUDA backend does not yet (its runner refuses the family at load)."""
+    """What the Gemma forward (models/gemma) asks beyond Ops (attention_spec and
+    attention_with also serve the Llama forward's sliding windows). executor/cpu_ops and
+    executor/cuda_ops implement it."""
 
     def embed_scaled(self, weight, step: StepInputs, factor: float) -> Hidden:
         """embed, times factor; where the embedding is stored as F16 / BF16, the factor and

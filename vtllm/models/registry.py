@@ -22,10 +22,10 @@ _FAMILIES = {
     "mistral": Family("mistral", gguf_qk_permuted=True),
     "qwen2": Family("qwen2", qkv_bias=True),
     "qwen3": Family("qwen3", qk_norm=True),
-    "gemma2": Family("gemma2", forward="gemma", cuda=False),
-    "gemma3": Family("gemma3", qk_norm=True, forward="gemma", cuda=False),
+    "gemma2": Family("gemma2", forward="gemma"),
+    "gemma3": Family("gemma3", qk_norm=True, forward="gemma"),
     # the Llama forward; its own config and tensor names (models/phi3_checkpoint)
-    "phi3": Family("phi3", cuda=False),
+    "phi3": Family("phi3"),
     "qwen3_moe": Family("qwen3_moe", qk_norm=True, forward="moe", cuda=False, gguf_arch="qwen3moe"),
     # llama.cpp writes Mixtral as `llama` with experts (its Q/K rows permuted as llama's)
     "mixtral": Family(

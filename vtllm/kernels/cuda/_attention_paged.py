@@ -7,6 +7,11 @@ in tiles of that many, one key per thread for q . k, then an online softmax (run
 sum, rescaled per tile) and thread d accumulates column d of p @ V. GQA maps query head h to kv
 head h // (Hq // Hk). For correctness on any shape: q . k reads each key row within one thread,
 and kv heads shared by several query heads are re-read from L2.
+
+It also serves every windowed or soft-capped layer (attention.paged_attention says why): a
+query at position p sees keys max(0, p - window + 1) .. p (window 0: all), and a cap > 0 turns
+each score s into cap * tanh(s / cap) before the softmax. Tiles start at the window's first
+key, so a row's bits depend on its own sequence and position only.
 """
 
 import math
@@ -22,7 +27,7 @@ from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 @cuda.jit(cache=True)
 def _paged_attention_kernel(
-    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window, cap, out
 ):
     grid_dependency_sync()
     t, h = cuda.blockIdx.x, cuda.blockIdx.y
@@ -37,6 +42,7 @@ def _paged_attention_kernel(
     if ctx < n_q or (ctx + bs - 1) // bs > block_tables.shape[1]:
         return
     n_ctx = ctx - (query_start_loc[s + 1] - t) + 1  # this query sees keys 0..its position
+    first = n_ctx - window if window > 0 and n_ctx > window else 0  # its window's first key
     ok = 1
     for b in range(tid, (n_ctx + bs - 1) // bs, nt):
         e = block_tables[s, b]
@@ -54,7 +60,7 @@ def _paged_attention_kernel(
     m = NEG_INF  # running max of the scores
     den = np.float32(0.0)  # running sum of exp(score - m)
     acc = np.float32(0.0)  # running (p @ V)[tid]
-    for j0 in range(0, n_ctx, nt):
+    for j0 in range(first, n_ctx, nt):
         j = j0 + tid
         score = NEG_INF
         if j < n_ctx:
@@ -72,6 +78,8 @@ def _paged_attention_kernel(
                 d0 += sq[c] * kv_value(k_cache, blk, off, kvh, c)
                 c += 1
             score = ((d0 + d1) + (d2 + d3)) * scale
+            if cap > 0:
+                score = np.float32(math.tanh(score / cap)) * cap
         m_new = fmax(m, block_max(score, red))  # finite: the tile holds at least one key
         p = math.exp(score - m_new) if j < n_ctx else np.float32(0.0)
         alpha = math.exp(m - m_new)  # 0 on the first tile
@@ -100,11 +108,31 @@ def _paged_attention_kernel(
 
 
 def general_attention(
-    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, *, stream=0
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    *,
+    window=0,
+    softcap=0.0,
+    stream=0,
 ) -> None:
     """As attention.paged_attention, which checked the arguments."""
     t, hq, d = q.shape
     threads = max(32, -(-d // 32) * 32)
     _paged_attention_kernel[(t, hq), threads, stream](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, np.float32(scale), out
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        np.float32(scale),
+        np.int32(window),
+        np.float32(softcap),
+        out,
     )

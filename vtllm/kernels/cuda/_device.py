@@ -124,6 +124,11 @@ if SIMULATOR:
         return np.uint32(int(bits) & 0xFFFFFFFF).view(np.float32)
 
     @cuda.jit(device=True)
+    def f32_bits(x):
+        """The bit pattern of float32 x, as a non-negative integer (as_f32's inverse)."""
+        return np.int64(np.float32(x).view(np.uint32))
+
+    @cuda.jit(device=True)
     def fma32(a, b, c):
         """a * b + c through float64 (the product exact, the sum rounded there, then to
         float32): the simulator's paths only need to agree with one another."""
@@ -265,6 +270,11 @@ else:
     def as_f32(bits):
         """float32 whose bit pattern is the low 32 bits of the integer bits."""
         return cuda.libdevice.int_as_float(np.int32(bits))
+
+    @cuda.jit(device=True)
+    def f32_bits(x):
+        """The bit pattern of float32 x, as a non-negative integer (as_f32's inverse)."""
+        return np.int64(cuda.libdevice.float_as_int(np.float32(x))) & 0xFFFFFFFF
 
     @cuda.jit(device=True)
     def fma32(a, b, c):

@@ -26,6 +26,15 @@ paged_attention:
   - other shapes: the general kernel (_attention_paged), one block per (token, head).
 Every path but the flash kernel gives a token's row the same bits, whatever the step's size,
 its other rows or the chunking (the depth-2 law needs that on the GPU too).
+
+A sliding window or a score soft-cap (Gemma; Mistral and Phi-3 with a window) sends every row
+of the layer, in every step, to the general kernel, with qkv_rope before it: one block per
+(token, head) walks its row's keys from the window's first one, so one change to one kernel
+reaches decode and prompt rows alike, and their bits agree by construction. Giving the window
+and the cap to the split, ring, prefill and rope-in-attention kernels instead would mean the
+same change to four kernels and their combine in lockstep (a window empties leading splits;
+a decode row and a prompt row of a token must still fold the same states), for speed only:
+the general kernel does not spread a long row's keys over blocks.
 """
 
 from vtllm.kernels.cuda import (
@@ -90,6 +99,8 @@ def qkv_attention(
     q_norm=None,
     k_norm=None,
     flash=False,
+    window=0,
+    softcap=0.0,
     stream=0,
 ) -> None:
     """out [T, Hq, D] <- attention of the step's queries, from the fused projection qkv
@@ -98,7 +109,8 @@ def qkv_attention(
     buffer for the rotated queries of the unfused path. Arguments as qkv_rope's and
     paged_attention's."""
     T, Hq, D = out.shape
-    if T <= ROPE_TOKENS and fuses_rope(Hq, k_cache.shape[2], D):
+    plain = not (window or softcap)
+    if plain and T <= ROPE_TOKENS and fuses_rope(Hq, k_cache.shape[2], D):
         rope_attention(
             qkv,
             k_cache,
@@ -142,6 +154,8 @@ def qkv_attention(
         out,
         scratch=scratch,
         flash=flash,
+        window=window,
+        softcap=softcap,
         stream=stream,
     )
 
@@ -159,6 +173,8 @@ def paged_attention(
     scratch=None,
     split=True,
     flash=False,
+    window=0,
+    softcap=0.0,
     stream=0,
 ) -> None:
     """Causal attention of q [T, Hq, D] over the paged cache (float32, or bf16 bits as uint16:
@@ -172,17 +188,23 @@ def paged_attention(
     scratch (make_scratch's pair) lets decode-sized steps spread each row over many blocks;
     split=False runs the general kernel whatever the shape; flash (opt-in) sends the rows that
     would go to the prefill kernel to the flash kernel where it takes the cache and shape
-    (tensor cores; other bits: _attention_flash). The module docstring says which kernel runs.
+    (tensor cores; other bits: _attention_flash). window > 0: query i sees only its last
+    window positions (itself included); softcap > 0: scores s become softcap * tanh(s /
+    softcap) before the softmax; either runs the general kernel (the module docstring).
     """
     check_attention(
         "paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc
     )
+    if window < 0 or softcap < 0:
+        raise ValueError(f"paged_attention: window {window} and softcap {softcap} must be >= 0")
     t, hq, d = q.shape
     if seq_lens.shape[0] == 0 or t == 0:
         return
     meta = (block_tables, seq_lens, query_start_loc)
-    if not (split and supports(hq, k_cache.shape[2], d)):
-        _attention_paged.general_attention(q, k_cache, v_cache, *meta, scale, out, stream=stream)
+    if window or softcap or not (split and supports(hq, k_cache.shape[2], d)):
+        _attention_paged.general_attention(
+            q, k_cache, v_cache, *meta, scale, out, window=window, softcap=softcap, stream=stream
+        )
         return
     ring = t >= RING_MIN_ROWS
     if _fits_scratch(scratch, t, hq, d):  # decode: every row spread over blocks

@@ -12,16 +12,18 @@ are consecutive words:
                of half h that share those quant bytes;
   Q5_0 / Q5_1  lane 4b + s: bytes 4s..4s+3 of block b's nibbles (weights 4s + i, 16 + 4s + i).
 Each weight is decoded as the CPU decodes it (kernels/cpu/kquant: the scale product rounded
-to float32 first), then multiplied into the accumulators. Rows are read as uint16 words (every
-block size here is even). `col0` places the product at columns col0.. of out, so that q, k
-and v of different storage types can each write their part of one qkv buffer.
+to float32 first), except that d * q - m rounds once (a pinned fma), then multiplied into the
+accumulators with pinned fmas too: the one-row loop and the four-row loop must round alike.
+Rows are read as uint16 words (every block size here is even). `col0` places the product at
+columns col0.. of out, so that q, k and v of different storage types can each write their part
+of one qkv buffer.
 """
 
 import numpy as np
 from numba import cuda
 
 from vtllm.kernels import KQUANT_BYTES, Q5_BYTES, QK_K, QType
-from vtllm.kernels.cuda._device import SIMULATOR, byte_at, f16_to_f32, imin, warp_sum4
+from vtllm.kernels.cuda._device import SIMULATOR, byte_at, f16_to_f32, fma32, imin, warp_sum4
 from vtllm.kernels.cuda._host import grid_blocks, placeholder
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
@@ -67,12 +69,14 @@ def _scale_q3(w, r, o, s):
 
 @cuda.jit(device=True)
 def _acc2(x, x0, x1, x2, x3, one, k, w0, w1, a0, a1, a2, a3):
-    """Accumulators advanced by weights w0, w1 at columns k, k + 1."""
-    a0 += x[x0, k] * w0 + x[x0, k + 1] * w1
+    """Accumulators advanced by weights w0, w1 at columns k, k + 1: two pinned fused
+    multiply-adds per row, so the one-row path rounds as the four-row path does (left to the
+    compiler, the two paths contract a * b + c into different fmas)."""
+    a0 = fma32(x[x0, k + 1], w1, fma32(x[x0, k], w0, a0))
     if not one:
-        a1 += x[x1, k] * w0 + x[x1, k + 1] * w1
-        a2 += x[x2, k] * w0 + x[x2, k + 1] * w1
-        a3 += x[x3, k] * w0 + x[x3, k + 1] * w1
+        a1 = fma32(x[x1, k + 1], w1, fma32(x[x1, k], w0, a1))
+        a2 = fma32(x[x2, k + 1], w1, fma32(x[x2, k], w0, a2))
+        a3 = fma32(x[x3, k + 1], w1, fma32(x[x3, k], w0, a3))
     return a0, a1, a2, a3
 
 
@@ -91,10 +95,34 @@ def _nibbles(x, x0, x1, x2, x3, one, word, hbits, k_lo, k_hi, dl, ml, dh, mh, a0
         hi0 = np.float32((b0 >> 4) | ((h0 & 2) << 3))
         hi1 = np.float32((b1 >> 4) | ((h1 & 2) << 3))
         a0, a1, a2, a3 = _acc2(
-            x, x0, x1, x2, x3, one, k_lo + 2 * p, dl * lo0 - ml, dl * lo1 - ml, a0, a1, a2, a3
+            x,
+            x0,
+            x1,
+            x2,
+            x3,
+            one,
+            k_lo + 2 * p,
+            fma32(dl, lo0, -ml),
+            fma32(dl, lo1, -ml),
+            a0,
+            a1,
+            a2,
+            a3,
         )
         a0, a1, a2, a3 = _acc2(
-            x, x0, x1, x2, x3, one, k_hi + 2 * p, dh * hi0 - mh, dh * hi1 - mh, a0, a1, a2, a3
+            x,
+            x0,
+            x1,
+            x2,
+            x3,
+            one,
+            k_hi + 2 * p,
+            fma32(dh, hi0, -mh),
+            fma32(dh, hi1, -mh),
+            a0,
+            a1,
+            a2,
+            a3,
         )
     return a0, a1, a2, a3
 
@@ -176,7 +204,7 @@ def _unit_q23k(x, x0, x1, x2, x3, one, w, r, qt, b, lane, a0, a1, a2, a3):
             q1 -= 0 if (hm >> (8 + bit)) & 1 else 4
         a0, a1, a2, a3 = _acc2(
             x, x0, x1, x2, x3, one, k + 32 * j,
-            dl * np.float32(q0) - ml, dl * np.float32(q1) - ml, a0, a1, a2, a3,
+            fma32(dl, np.float32(q0), -ml), fma32(dl, np.float32(q1), -ml), a0, a1, a2, a3,
         )  # fmt: skip
     return a0, a1, a2, a3
 
@@ -186,7 +214,7 @@ def _q5(q, d, mn, qt):
     """A Q5 quant (0..31) decoded as the CPU decodes it: Q5_0 d * (q - 16), Q5_1 d * q + m."""
     if qt == Q5_0:
         return d * (np.float32(q) - np.float32(16.0))
-    return d * np.float32(q) + mn
+    return fma32(d, np.float32(q), mn)
 
 
 @cuda.jit(device=True)
@@ -289,7 +317,7 @@ def kquant_weight(w, r, k, qt):
         if qt == Q5_K:
             q |= ((byte_at(w, r, o + 16 + l) >> (2 * j + hi)) & 1) << 4
         d, dmin = f16_to_f32(w[r, o // 2]), f16_to_f32(w[r, o // 2 + 1])
-        return (d * np.float32(sc)) * np.float32(q) - dmin * np.float32(mn)
+        return fma32(d * np.float32(sc), np.float32(q), -(dmin * np.float32(mn)))
     h, i, l = e // 128, (e % 128) // 32, e % 32
     if qt == Q6_K:
         o = b * BB_Q6_K
@@ -306,7 +334,7 @@ def kquant_weight(w, r, k, qt):
         q = (byte_at(w, r, o + 16 + 32 * h + l) >> (2 * i)) & 3
         sc = byte_at(w, r, o + s)
         dl = f16_to_f32(w[r, (o + 80) // 2]) * np.float32(sc & 15)
-        return dl * np.float32(q) - f16_to_f32(w[r, (o + 82) // 2]) * np.float32(sc >> 4)
+        return fma32(dl, np.float32(q), -(f16_to_f32(w[r, (o + 82) // 2]) * np.float32(sc >> 4)))
     o = b * BB_Q3_K
     q = (byte_at(w, r, o + 32 + 32 * h + l) >> (2 * i)) & 3
     q -= 0 if (byte_at(w, r, o + l) >> (4 * h + i)) & 1 else 4

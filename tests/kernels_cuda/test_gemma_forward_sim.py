@@ -2,11 +2,11 @@
 simulator (or a GPU), against the CPU runner. The configs are tests/models' (gemma_tiny,
 phi3_tiny) shrunk, their weights drawn with those modules' laws: two layers (one, Phi-3), two
 query heads of 16 over one kv head, hidden and MLP widths of 32, a vocabulary of 64 and a
-window of 4, so that the simulator runs them in seconds. Sequences of 8 tokens, past the
+window of 4, so that the simulator runs them in about a minute. Sequences of 8 tokens, past the
 window, are teacher-forced through a prompt chunk and one-token steps. Gemma 2 soft-caps every
 layer's scores and the logits, in bf16 (the packed tensor-core linears, the GeGLU over their
 interleaved gate/up rows, the embedding scaled and rounded in bf16); Gemma 3 has q/k norm and
-a global layer beside the windowed one (one-token steps rotate inside attention there); Phi-3
+a global layer beside the windowed one (the split and prefill kernels there); Phi-3
 windows every layer of the Llama forward.
 
 Two guards: the logits agree with the CPU runner's within float tolerance (argmax equal where

@@ -34,7 +34,8 @@ reaches decode and prompt rows alike, and their bits agree by construction. Givi
 and the cap to the split, ring, prefill and rope-in-attention kernels instead would mean the
 same change to four kernels and their combine in lockstep (a window empties leading splits;
 a decode row and a prompt row of a token must still fold the same states), for speed only:
-the general kernel does not spread a long row's keys over blocks.
+the general kernel does not spread a long row's keys over blocks. (Gemma's heads of 256 are
+past the split kernels' MAX_DIM anyway.)
 """
 
 from vtllm.kernels.cuda import (

@@ -35,9 +35,7 @@ def test_matches_reference(rng, window, cap, kv):
     scratch = make_scratch(t, HQ, D, int(seq_lens.max()) + 1)
     out = poisoned((t, HQ, D))
     kc, vc = dev(k_cache), dev(v_cache)
-    paged_attention(
-        dev(q), kc, vc, *meta, 0.3, out, scratch=scratch, window=window, softcap=cap
-    )
+    paged_attention(dev(q), kc, vc, *meta, 0.3, out, scratch=scratch, window=window, softcap=cap)
     got = host(out)
     ref = paged_attention_ref(q, *values, tables, seq_lens, qsl, 0.3, window, cap)
     live = qsl[-1]

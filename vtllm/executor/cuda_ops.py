@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
+from vtllm.executor.cuda_moe import CudaMoeOps, upload_moe
 from vtllm.kernels import cuda as kernels
 from vtllm.kernels.cuda.activation import gelu_tanh_and_mul, soft_cap
 from vtllm.kernels.cuda.attention import make_scratch, qkv_attention
@@ -59,8 +60,9 @@ class DeviceLayer:
     k_norm: object | None
     o: DeviceWeight
     ffn_norm: object
-    gate_up: DeviceWeight | MixedRows  # packed: rows interleaved in runs of 8 (cuda/matmul)
-    down: DeviceWeight
+    gate_up: DeviceWeight | MixedRows | None  # packed: rows interleaved in runs of 8 (matmul)
+    down: DeviceWeight | None  # gate_up and down None on a routed layer (moe instead)
+    moe: object | None = None  # DeviceMoe (executor/cuda_moe)
     post_attn_norm: object | None = None  # Gemma's norms of a branch's output
     post_ffn_norm: object | None = None
 
@@ -91,7 +93,7 @@ class DeferredNorm:
     weight: object
 
 
-class CudaOps:
+class CudaOps(CudaMoeOps):
     def __init__(
         self,
         config: ModelConfig,
@@ -141,6 +143,7 @@ class CudaOps:
         )
         self.T, self.fold = 0, False
         self.rope_tables: dict[int, tuple] = {}  # id(host table) -> (host, device): one upload
+        self.init_moe(config, n, buf)
 
     # -- binding --------------------------------------------------------------------------
     def bind(self, weights: ModelWeights, cos_sin) -> DeviceModel:
@@ -180,8 +183,9 @@ class CudaOps:
                 ffn_norm=vec(layer.ffn_norm),
                 post_attn_norm=vec(layer.post_attn_norm),
                 post_ffn_norm=vec(layer.post_ffn_norm),
-                gate_up=stacked(layer.gate_up, gate_up=True),
-                down=w(layer.down),
+                gate_up=stacked(layer.gate_up, gate_up=True) if layer.gate_up else None,
+                down=None if layer.down is None else w(layer.down),
+                moe=None if layer.moe is None else upload_moe(layer.moe, w, stream=s),
             )
             for layer in weights.layers
         ]
@@ -194,7 +198,7 @@ class CudaOps:
         self.cos_sin = self._rope_table(cos_sin)
         self.spec = AttentionSpec(self.cos_sin, self.scale, 0, 0.0)
         mats = [m for layer in layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        self.foldable = all(m.packed for m in mats)
+        self.foldable = all(m.packed for m in mats if m is not None)
         return DeviceModel(embed, layers, vec(weights.final_norm), lm_head)
 
     def bind_kv(self, kv: KVCache) -> None:

@@ -129,8 +129,7 @@ class GemmaOps(Ops, Protocol):
 
 class MoeOps(Ops, Protocol):
     """What the mixture-of-experts forward (models/moe) asks beyond Ops: the router and the
-    routed experts. executor/cpu_ops implements it; the CUDA backend does not yet (its runner
-    refuses the families at load)."""
+    routed experts. executor/cpu_ops and executor/cuda_moe (CudaOps) implement it."""
 
     def route(self, x, router, top_k: int, renormalize: bool) -> object:
         """Each token's top_k experts and their weights, from softmax(x @ router.T) in

@@ -26,11 +26,9 @@ _FAMILIES = {
     "gemma3": Family("gemma3", qk_norm=True, forward="gemma"),
     # the Llama forward; its own config and tensor names (models/phi3_checkpoint)
     "phi3": Family("phi3"),
-    "qwen3_moe": Family("qwen3_moe", qk_norm=True, forward="moe", cuda=False, gguf_arch="qwen3moe"),
+    "qwen3_moe": Family("qwen3_moe", qk_norm=True, forward="moe", gguf_arch="qwen3moe"),
     # llama.cpp writes Mixtral as `llama` with experts (its Q/K rows permuted as llama's)
-    "mixtral": Family(
-        "mixtral", gguf_qk_permuted=True, forward="moe", cuda=False, gguf_arch="llama"
-    ),
+    "mixtral": Family("mixtral", gguf_qk_permuted=True, forward="moe", gguf_arch="llama"),
 }
 
 # HF `architectures[0]` -> family name

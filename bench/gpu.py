@@ -11,6 +11,10 @@ several batch sizes, our time to first token, the same workloads through HF tran
 llama.cpp, and the roofline floor of each row from the bandwidth and tensor-core rate measured
 on this card in this run. The last thing printed is one table of all of it.
 
+qwen3-30b-a3b (Qwen3-MoE: 128 experts, 8 a token) is a shape too, not a default: its bf16
+checkpoint is about 61 GB, so on a 64 GB disk run it with --layers (e.g. 12). Its floors count
+the experts a step's tokens pick (layer_params), not every expert.
+
 Ratios are speed ratios, so bigger is better for us whatever the unit: ours/floor is the share
 of the roofline reached (1.0 = at the physical limit), ours/peer above 1.0 means we are faster.
 
@@ -180,16 +184,31 @@ def _gguf_map(entries: list[str], shapes: list[str]) -> dict[str, str]:
 # under 0.1% of the bytes at these shapes.
 
 
-def layer_params(c) -> int:
-    """Weights of one layer's four matrix products (q/k/v, o, gate/up, down)."""
+def experts_read(c, tokens: int) -> float:
+    """Experts a routed layer reads in a step of `tokens` tokens, each token's k of E drawn
+    uniformly (random weights route near uniformly): E (1 - (1 - k / E)^tokens)."""
+    e, k = c.num_experts, c.num_experts_per_tok
+    return e * (1.0 - (1.0 - k / e) ** tokens)
+
+
+def layer_params(c, tokens: int = 1, layer: int = 0) -> float:
+    """Weights of one layer's matrix products (q/k/v, o, gate/up, down) that a step of `tokens`
+    tokens reads; a routed layer: the router and the experts its tokens pick (one token: k),
+    so tokens=1 also counts each token's share of a prefill's arithmetic."""
     qkv = (c.q_size + 2 * c.kv_size) * c.hidden_size
-    return qkv + c.hidden_size * c.q_size + 3 * c.intermediate_size * c.hidden_size
+    attention = qkv + c.hidden_size * c.q_size
+    if c.num_experts and c.is_moe_layer(layer):
+        expert = 3 * c.moe_intermediate_size * c.hidden_size
+        return attention + c.num_experts * c.hidden_size + experts_read(c, tokens) * expert
+    return attention + 3 * c.intermediate_size * c.hidden_size
 
 
-def weight_bytes(c, itemsize: int = 2) -> int:
-    """Bytes a decode step reads of weights: every layer's matrices, then the output head
-    (read whole even when tied to the embedding)."""
-    return itemsize * (c.num_layers * layer_params(c) + c.vocab_size * c.hidden_size)
+def weight_bytes(c, itemsize: int = 2, tokens: int = 1) -> float:
+    """Bytes a step of `tokens` tokens reads of weights: every layer's matrices (routed
+    layers: the experts its tokens pick), then the output head (read whole even when tied to
+    the embedding)."""
+    layers = sum(layer_params(c, tokens, i) for i in range(c.num_layers))
+    return itemsize * (layers + c.vocab_size * c.hidden_size)
 
 
 def kv_bytes(c, tokens: float, itemsize: int = 2) -> float:
@@ -199,19 +218,20 @@ def kv_bytes(c, tokens: float, itemsize: int = 2) -> float:
 
 def decode_floor_s(c, batch: int, context: float, bandwidth: float) -> float:
     """One decode step of `batch` rows at `context` tokens each: weights once, every row's KV."""
-    return (weight_bytes(c) + kv_bytes(c, batch * context)) / bandwidth
+    return (weight_bytes(c, tokens=batch) + kv_bytes(c, batch * context)) / bandwidth
 
 
 def prefill_flops(c, n: int) -> float:
     """A prompt of n tokens: the matrix products, causal attention (QK^T and PV over half the
     n x n square), and the head for the one row that is sampled."""
     attention = 2 * c.q_size * n * n * c.num_layers
-    return 2 * n * c.num_layers * layer_params(c) + attention + 2 * c.vocab_size * c.hidden_size
+    per_token = sum(layer_params(c, 1, i) for i in range(c.num_layers))
+    return 2 * n * per_token + attention + 2 * c.vocab_size * c.hidden_size
 
 
 def prefill_floor_s(c, n: int, bandwidth: float, flops: float) -> tuple[float, str]:
     """(floor, what bounds it): the weights streamed once, or the tensor-core arithmetic."""
-    by_bytes, by_flops = weight_bytes(c) / bandwidth, prefill_flops(c, n) / flops
+    by_bytes, by_flops = weight_bytes(c, tokens=n) / bandwidth, prefill_flops(c, n) / flops
     return (by_flops, "gemm") if by_flops > by_bytes else (by_bytes, "bw")
 
 

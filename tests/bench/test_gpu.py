@@ -103,6 +103,36 @@ def test_roofline_bytes_and_floors_match_the_8b_figures():
     assert bench_gpu.prefill_floor_s(LLAMA_8B, 1, bw, 800e12)[1] == "bw"
 
 
+def test_a_moe_step_reads_the_experts_its_tokens_pick():
+    """qwen3-30b-a3b: one token reads its 8 experts of 128 a layer, a long prompt nearly all;
+    its arithmetic counts 8 experts a token."""
+    moe = ModelConfig(
+        architecture="qwen3_moe",
+        hidden_size=2048,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=6144,
+        vocab_size=151936,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+    )
+    attention = (4096 + 2 * 512) * 2048 + 2048 * 4096
+    expert = 3 * 768 * 2048
+    one = attention + 128 * 2048 + 8 * expert
+    assert bench_gpu.layer_params(moe) == pytest.approx(one)
+    assert bench_gpu.weight_bytes(moe) == pytest.approx(2 * (48 * one + 151936 * 2048))
+    every = 2 * (48 * (attention + 128 * 2048 + 128 * expert) + 151936 * 2048)
+    assert bench_gpu.weight_bytes(moe, tokens=4096) == pytest.approx(every, rel=1e-6)
+    assert bench_gpu.experts_read(moe, 8) == pytest.approx(128 * (1 - (120 / 128) ** 8))
+    flops = bench_gpu.prefill_flops(moe, 1024) - 2 * 4096 * 1024 * 1024 * 48
+    assert flops == pytest.approx(2 * 1024 * 48 * one + 2 * 151936 * 2048)
+
+
 def _results():
     return {
         "ours": {

@@ -310,3 +310,24 @@ def test_config_defaults_are_the_transformers_classes():
     c5 = moe_checkpoint.read_config(new, qwen, Path("c"))
     old = moe_checkpoint.read_config(moe_tiny.CONFIGS["qwen3_moe"], qwen, Path("c"))
     assert c5 == msgspec.structs.replace(old, rope_theta=5e5)
+
+
+def test_synthetic_moe_shapes_load_and_run(tmp_path):
+    """models/synthetic's Qwen3-MoE shapes (bench gpu's qwen3-30b-a3b at its real width) load
+    as routed layers; the tiny one runs."""
+    from vtllm.models.synthetic import hf_config, write_checkpoint
+
+    big = hf_config("qwen3-30b-a3b")
+    assert (big["num_experts"], big["num_experts_per_tok"], big["moe_intermediate_size"]) == (
+        128,
+        8,
+        768,
+    )
+    loaded = load_model(write_checkpoint(tmp_path, "tiny-qwen3-moe", seed=1))
+    c = loaded.config
+    assert (c.architecture, c.num_experts, c.num_experts_per_tok) == ("qwen3_moe", 8, 2)
+    assert all(
+        layer.moe is not None and len(layer.moe.down) == 8 for layer in loaded.weights.layers
+    )
+    logits = teacher_forced_logits(make_runner(loaded), [5, 9, 17, 3], [4])
+    assert logits.shape == (4, 512) and np.isfinite(logits).all()

@@ -10,14 +10,33 @@ from pathlib import Path
 
 import numpy as np
 
+
+def _experts(num: int, top_k: int, width: int) -> dict:
+    """A Qwen3-MoE shape's expert fields (hf_config writes them; norm_topk_prob as the hub)."""
+    return {"num_experts": num, "num_experts_per_tok": top_k, "moe_intermediate_size": width}
+
+
 SHAPES = {
     # name: (architecture, hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, extra)
     "tiny": ("llama", 64, 2, 4, 2, 16, 128, 512, {}),
     "tiny-qwen3": ("qwen3", 64, 2, 4, 2, 16, 128, 512, {}),
     "tiny-qwen2": ("qwen2", 64, 2, 4, 2, 16, 128, 512, {}),
     "tiny-qwen3-d32": ("qwen3", 64, 2, 4, 2, 32, 128, 512, {}),  # heads of a whole warp
+    "tiny-qwen3-moe": ("qwen3_moe", 64, 2, 4, 2, 16, 128, 512, _experts(8, 2, 32)),
     "smollm2-135m": ("llama", 576, 30, 9, 3, 64, 1536, 49152, {"rope_theta": 100000.0}),
     "qwen3-0.6b": ("qwen3", 1024, 28, 16, 8, 128, 3072, 151936, {"rope_theta": 1000000.0}),
+    # every layer routed: 128 experts of width 768, 8 a token (intermediate: the dense width)
+    "qwen3-30b-a3b": (
+        "qwen3_moe",
+        2048,
+        48,
+        32,
+        4,
+        128,
+        6144,
+        151936,
+        {"rope_theta": 1000000.0, **_experts(128, 8, 768)},
+    ),
     "llama3-8b": (
         "llama",
         4096,
@@ -39,7 +58,12 @@ SHAPES = {
         },
     ),
 }
-_HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_HF_CLASS = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
 
 
 def hf_config(
@@ -55,7 +79,14 @@ def hf_config(
     arch, hidden, num_layers, heads, kv_heads, head_dim, inter, shape_vocab, extra = SHAPES[shape]
     layers = num_layers if layers is None else layers
     vocab = shape_vocab if vocab is None else vocab
+    experts = {}
+    if "num_experts" in extra:
+        experts = {
+            k: extra[k] for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+        }
+        experts.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     return {
+        **experts,
         "architectures": [_HF_CLASS[arch]],
         "model_type": arch,
         "hidden_size": hidden,
@@ -99,9 +130,20 @@ def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
         if config["model_type"] == "qwen2":
             for name, n in (("q", heads * dim), ("k", kv_heads * dim), ("v", kv_heads * dim)):
                 specs.append((p + f"self_attn.{name}_proj.bias", (n,), "bias"))
-        if config["model_type"] == "qwen3":
+        if config["model_type"] in ("qwen3", "qwen3_moe"):
             specs.append((p + "self_attn.q_norm.weight", (dim,), "norm"))
             specs.append((p + "self_attn.k_norm.weight", (dim,), "norm"))
+        if config.get("num_experts"):  # the hub's names: the router, then each expert
+            width = config["moe_intermediate_size"]
+            specs.append((p + "mlp.gate.weight", (config["num_experts"], hidden), "mat"))
+            for e in range(config["num_experts"]):
+                q = f"{p}mlp.experts.{e}."
+                specs += [
+                    (q + "gate_proj.weight", (width, hidden), "mat"),
+                    (q + "up_proj.weight", (width, hidden), "mat"),
+                    (q + "down_proj.weight", (hidden, width), "mat"),
+                ]
+            continue
         specs += [
             (p + "mlp.gate_proj.weight", (inter, hidden), "mat"),
             (p + "mlp.up_proj.weight", (inter, hidden), "mat"),

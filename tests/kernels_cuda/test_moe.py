@@ -10,6 +10,7 @@ from tests.kernels_cuda.helpers import dev, host, poisoned, random_weight
 from tests.kernels_cuda.test_linear import check_close
 from vtllm.kernels import QType, reference
 from vtllm.kernels.cpu import moe as cpu_moe
+from vtllm.kernels.cuda import _moe_gemv
 from vtllm.kernels.cuda.moe import combine, expert_linear, route_top_k, upload_experts
 
 pytestmark = pytest.mark.cudasim
@@ -82,6 +83,20 @@ def test_expert_linear_matches_reference(rng, qtype):
     xs = np.repeat(x, 2, axis=0)
     expert_linear(dev(xs), dev(ids), w, qtype, E, per_pair)
     np.testing.assert_array_equal(host(per_pair), got[:, 1 : N + 1])
+
+
+def test_pairs_past_the_grid_limit_loop(rng, monkeypatch):
+    """More pairs than the grid's y limit (65535 on a card; 4 here): blocks loop over them."""
+    mats = [_weights(rng, QType.F32, N, 64) for _ in range(E)]
+    w = dev(np.concatenate(mats))
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    ids = dev(np.array([[2, 0], [1, 2], [0, 1], [2, 1]], np.int32))
+    whole, looped = poisoned((8, N)), poisoned((8, N))
+    expert_linear(dev(x), ids, w, QType.F32, E, whole)
+    monkeypatch.setattr(_moe_gemv, "MAX_GRID_Y", 3)
+    expert_linear(dev(x), ids, w, QType.F32, E, looped)
+    np.testing.assert_array_equal(host(looped), host(whole))
+    assert not np.isnan(host(whole)).any()
 
 
 def test_gate_up_of_two_types_and_the_combine(rng):

@@ -11,7 +11,14 @@ from tests.kernels_cuda.test_linear import check_close
 from vtllm.kernels import QType, reference
 from vtllm.kernels.cpu import moe as cpu_moe
 from vtllm.kernels.cuda import _moe_gemv
-from vtllm.kernels.cuda.moe import combine, expert_linear, route_top_k, upload_experts
+from vtllm.kernels.cuda.moe import (
+    PairGroups,
+    combine,
+    expert_linear,
+    group_pairs,
+    route_top_k,
+    upload_experts,
+)
 
 pytestmark = pytest.mark.cudasim
 
@@ -23,6 +30,15 @@ CASES = {
     QType.Q6_K: 256, QType.Q5_0: 64, QType.Q5_1: 96,
 }  # fmt: skip
 E, N = 3, 5  # experts; rows per expert (not a multiple of the warps per block)
+
+
+def _linear(x, ids, w, qtype, out, *, col0=0):
+    """expert_linear over ids grouped on the device (host arrays x, ids)."""
+    ids = dev(ids)
+    groups = PairGroups.create(ids.shape[0] * ids.shape[1], E)
+    group_pairs(ids, groups)
+    expert_linear(dev(x), ids, groups, w, qtype, out, col0=col0)
+    return groups
 
 
 def _weights(rng, qtype, n, k):
@@ -70,33 +86,46 @@ def test_expert_linear_matches_reference(rng, qtype):
     x = rng.standard_normal((3, k)).astype(np.float32)
     ids = np.array([[2, 0], [1, 2], [0, 1]], np.int32)
     out = poisoned((6, N + 2))
-    expert_linear(dev(x), dev(ids), w, qtype, E, out, col0=1)
+    _linear(x, ids, w, qtype, out, col0=1)
     got = host(out)
     assert np.isnan(got[:, 0]).all() and np.isnan(got[:, N + 1]).all()
     for p in range(6):
         t, r = divmod(p, 2)
         check_close(got[p : p + 1, 1 : N + 1], x[t : t + 1], mats[ids[t, r]], qtype)
     alone = poisoned((2, N))
-    expert_linear(dev(x[1:2]), dev(ids[1:2]), w, qtype, E, alone)
+    _linear(x[1:2], ids[1:2], w, qtype, alone)
     np.testing.assert_array_equal(host(alone), got[2:4, 1 : N + 1])
     per_pair = poisoned((6, N))  # x with one row per pair: row p is pair p's
     xs = np.repeat(x, 2, axis=0)
-    expert_linear(dev(xs), dev(ids), w, qtype, E, per_pair)
+    _linear(xs, ids, w, qtype, per_pair)
     np.testing.assert_array_equal(host(per_pair), got[:, 1 : N + 1])
 
 
-def test_pairs_past_the_grid_limit_loop(rng, monkeypatch):
-    """More pairs than the grid's y limit (65535 on a card; 4 here): blocks loop over them."""
-    mats = [_weights(rng, QType.F32, N, 64) for _ in range(E)]
+def test_grouping_and_tiles_leave_every_pairs_bits(rng, monkeypatch):
+    """Seven pairs on expert 0 (tiles of 4 and 3), three on 1, none on 2: the groups are the
+    pairs sorted by expert, and each pair has the bits it gets alone; with the grid cut to 2
+    block rows, blocks loop over the tiles (65535 on a card) to the same bits."""
+    mats = [_weights(rng, QType.BF16, N, 64) for _ in range(E)]
     w = dev(np.concatenate(mats))
-    x = rng.standard_normal((4, 64)).astype(np.float32)
-    ids = dev(np.array([[2, 0], [1, 2], [0, 1], [2, 1]], np.int32))
-    whole, looped = poisoned((8, N)), poisoned((8, N))
-    expert_linear(dev(x), ids, w, QType.F32, E, whole)
-    monkeypatch.setattr(_moe_gemv, "MAX_GRID_Y", 3)
-    expert_linear(dev(x), ids, w, QType.F32, E, looped)
-    np.testing.assert_array_equal(host(looped), host(whole))
-    assert not np.isnan(host(whole)).any()
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    ids = np.array([[0, 1], [0, 1], [0, 0], [0, 0], [0, 1]], np.int32)  # an expert twice
+    whole = poisoned((10, N))
+    groups = _linear(x, ids, w, QType.BF16, whole)
+    starts = host(groups.expert_start), host(groups.tile_start)
+    assert starts[0].tolist() == [0, 7, 10, 10] and starts[1].tolist() == [0, 2, 3, 3]
+    order = host(groups.order)
+    assert sorted(order[:7]) == [0, 2, 4, 5, 6, 7, 8] and sorted(order[7:]) == [1, 3, 9]
+    got = host(whole)
+    for t in range(5):
+        alone = poisoned((2, N))
+        _linear(x[t : t + 1], ids[t : t + 1], w, QType.BF16, alone)
+        np.testing.assert_array_equal(host(alone), got[2 * t : 2 * t + 2])
+        for r in range(2):
+            check_close(got[2 * t + r : 2 * t + r + 1], x[t : t + 1], mats[ids[t, r]], QType.BF16)
+    monkeypatch.setattr(_moe_gemv, "MAX_GRID_Y", 2)
+    looped = poisoned((10, N))
+    _linear(x, ids, w, QType.BF16, looped)
+    np.testing.assert_array_equal(host(looped), got)
 
 
 def test_gate_up_of_two_types_and_the_combine(rng):
@@ -119,8 +148,10 @@ def test_gate_up_of_two_types_and_the_combine(rng):
     ids = np.array([[1, 2], [2, 0]], np.int32)
     weights = np.array([[0.7, 0.3], [0.6, 0.4]], np.float32)
     gu, act, ys = poisoned((4, 2 * width)), poisoned((4, width)), poisoned((4, h))
-    experts.gated_up(dev(x), dev(ids), gu, act)
-    experts.down_proj(act, dev(ids), ys)
+    ids_dev, groups = dev(ids), PairGroups.create(4, E)
+    group_pairs(ids_dev, groups)
+    experts.gated_up(dev(x), ids_dev, groups, gu, act)
+    experts.down_proj(act, ids_dev, groups, ys)
     residual = rng.standard_normal((2, h)).astype(np.float32)
     out, acc = poisoned((2, h)), dev(residual)
     combine(ys, dev(weights), out)
@@ -142,12 +173,16 @@ def test_gate_up_of_two_types_and_the_combine(rng):
 
 def test_bad_arguments_are_refused(rng):
     x, ids = dev(np.zeros((2, 64), np.float32)), dev(np.zeros((2, 2), np.int32))
+    groups = PairGroups.create(4, 3)
     w = dev(random_weight(rng, QType.F32, 6, 64))
     with pytest.raises(ValueError, match="experts"):
-        expert_linear(x, ids, w, QType.F32, 4, poisoned((4, 3)))
+        expert_linear(x, ids, PairGroups.create(4, 4), w, QType.F32, poisoned((4, 3)))
     with pytest.raises(ValueError, match="cannot take"):
-        expert_linear(x, ids, w, QType.F32, 3, poisoned((4, 1)))
+        expert_linear(x, ids, groups, w, QType.F32, poisoned((4, 1)))
     with pytest.raises(ValueError, match="x"):
-        expert_linear(dev(np.zeros((3, 64), np.float32)), ids, w, QType.F32, 3, poisoned((4, 2)))
+        x3 = dev(np.zeros((3, 64), np.float32))
+        expert_linear(x3, ids, groups, w, QType.F32, poisoned((4, 2)))
+    with pytest.raises(ValueError, match="more pairs"):
+        group_pairs(dev(np.zeros((3, 2), np.int32)), groups)
     with pytest.raises(ValueError, match="ys"):
         combine(poisoned((3, 4)), dev(np.ones((2, 2), np.float32)), poisoned((2, 4)))

@@ -2,8 +2,9 @@
 and the routed experts, on the stream, over static buffers (CudaOps' arena: a step with experts
 is captured into a graph like any other). Hot path: keep it lean.
 
-Per routed layer: the router as a linear (float32 logits), the top-k on the device, then each
-(token, rank) pair through its expert's gate/up, silu * up and down, and the combine
+Per routed layer: the router as a linear (float32 logits), the top-k on the device, the
+(token, rank) pairs grouped by expert, then each pair through its expert's gate/up, silu * up
+and down, and the combine
 (kernels/cuda/moe: one path for every step size, so a token's bits are its own). On one-token
 steps whose norms fold into the linears (CudaOps.fold) the ffn norm arrives deferred: route
 runs it as the plain norm kernel, and the combine adds into the residual stream itself (the
@@ -15,7 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from vtllm.kernels import cuda as kernels
-from vtllm.kernels.cuda.moe import DeviceExperts, combine, route_top_k, upload_experts
+from vtllm.kernels.cuda.moe import (
+    DeviceExperts,
+    PairGroups,
+    combine,
+    group_pairs,
+    route_top_k,
+    upload_experts,
+)
 from vtllm.models.config import ModelConfig
 from vtllm.models.ops import Hidden
 from vtllm.models.weights import MoeWeights
@@ -55,6 +63,7 @@ class CudaMoeOps:
         self.expert_gate_up = buf(n * k, 2 * width)  # per (token, rank) pair
         self.expert_act = buf(n * k, width)
         self.expert_out = buf(n * k, config.hidden_size)
+        self.expert_groups = PairGroups.create(n * k, config.num_experts, stream=self.stream)
 
     def route(self, x, router, top_k: int, renormalize: bool) -> tuple:
         T, s = self.T, self.stream
@@ -73,9 +82,10 @@ class CudaMoeOps:
         ids, weights, x = routing
         T, s = self.T, self.stream
         pairs = T * ids.shape[1]
-        act, ys = self.expert_act[:pairs], self.expert_out[:pairs]
-        gate_up.gated_up(x, ids, self.expert_gate_up[:pairs], act, stream=s)
-        down.down_proj(act, ids, ys, stream=s)
+        act, ys, groups = self.expert_act[:pairs], self.expert_out[:pairs], self.expert_groups
+        group_pairs(ids, groups, stream=s)
+        gate_up.gated_up(x, ids, groups, self.expert_gate_up[:pairs], act, stream=s)
+        down.down_proj(act, ids, groups, ys, stream=s)
         if self.fold:  # the residual add in the combine (the module docstring)
             combine(ys, weights, h.residual, accumulate=True, stream=s)
             return

@@ -5,16 +5,16 @@ path: keep it lean.
 The experts of a layer are one matrix [E * N, cols] (expert e's rows at e * N ..), so row
 e * N + n is an ordinary row of W and the per-lane decode device functions of the dense GEMVs
 (_linear: float words and Q4_0 / Q4_1 / Q8_0 blocks; _linear_kquant: K-quant super-blocks and
-Q5 blocks) read it unchanged. The grid is (rows of W / WARPS, pairs): a warp per row n and
-one pair per block row at a time (blocks loop over pairs past the grid's y limit), every warp
-of a block on the same pair (the simulator's warp sum is a block barrier). A pair's output is
-thus one fixed sequence of operations on its own row of x and its expert's rows: its bits
-never depend on the step's other tokens or their experts.
-row(p) is t where x holds one row per token (gate/up over the normed hidden states), p where
-it holds one per pair (down over the activations).
-
-Each pair reads its expert's rows on its own: pairs of a batch that share an expert read them
-again (a grouped kernel over expert-sorted pairs would read them once; not written yet).
+Q5 blocks) read it unchanged. The pairs come grouped by expert (_moe_route.group) in tiles of
+up to four pairs of one expert; the grid is (rows of W / WARPS, tiles): a warp per row n, one
+tile per block row at a time (blocks loop over tiles past the grid's y limit), every warp of a
+block on the same tile (the simulator's warp sum is a block barrier). A tile reads its
+expert's rows once for its pairs, each pair in an accumulator of its own, the sequence of
+operations the dense GEMV gives a row of x whatever rows share its block (its rows are
+independent of M): a pair's bits never depend on the step's other tokens, on which pairs
+share its tile, or on the order the grouping placed them in. row(p) is t where x holds one
+row per token (gate/up over the normed hidden states), p where it holds one per pair (down
+over the activations).
 """
 
 import numpy as np
@@ -33,7 +33,7 @@ from vtllm.kernels.cuda._device import (
     f16_to_f32,
     float_weight,
     imin,
-    warp_sum,
+    warp_sum4,
 )
 from vtllm.kernels.cuda._linear import _q4_word, _q8_word, _word
 from vtllm.kernels.cuda._linear_kquant import (
@@ -47,85 +47,115 @@ from vtllm.kernels.cuda._linear_kquant import (
     _unit_q23k,
     _unit_q45k,
 )
+from vtllm.kernels.cuda._moe_route import PAIRS_PER_TILE
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 WARPS = 2 if SIMULATOR else 4  # rows of W per block, one warp each
-MAX_GRID_Y = 65535  # the grid's y limit: blocks loop over pairs past it
+MAX_GRID_Y = 65535  # the grid's y limit: blocks loop over tiles past it
 _Z = np.float32(0.0)
 
 
 @cuda.jit(device=True)
-def _pair_row(ids, p, num_experts, n_rows, per_token):
-    """(pair p's row of x, this warp's output row n, its row of the stacked W)."""
-    k = ids.shape[1]
-    t = p // k
-    # clamped: padded rows of a graph step must not read outside W, whatever their ids hold
-    e = ids[t, p - t * k]
-    e = 0 if e < 0 else imin(e, num_experts - 1)
-    n = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
-    return t if per_token else p, n, e * n_rows + imin(n, n_rows - 1)
+def _tile(j, expert_start, tile_start, order, num_experts, k, per_token):
+    """Tile j: (its expert, its number of pairs, the pairs, their rows of x); slots past the
+    count repeat the last pair (computed, never stored)."""
+    lo, hi = 0, num_experts - 1  # the last expert whose tiles start at or before j
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tile_start[mid] <= j:
+            lo = mid
+        else:
+            hi = mid - 1
+    first = expert_start[lo] + PAIRS_PER_TILE * (j - tile_start[lo])
+    cnt = imin(PAIRS_PER_TILE, expert_start[lo + 1] - first)
+    p0 = order[first]
+    p1 = order[first + imin(1, cnt - 1)]
+    p2 = order[first + imin(2, cnt - 1)]
+    p3 = order[first + imin(3, cnt - 1)]
+    if per_token:
+        return lo, cnt, p0, p1, p2, p3, p0 // k, p1 // k, p2 // k, p3 // k
+    return lo, cnt, p0, p1, p2, p3, p0, p1, p2, p3
 
 
 @cuda.jit(device=True)
-def _store(out, col0, p, n, n_rows, lane, a):
-    a = warp_sum(a)
+def _store(out, col0, n, n_rows, lane, cnt, p0, p1, p2, p3, a0, a1, a2, a3):
+    a0, a1, a2, a3 = warp_sum4(a0, a1, a2, a3)
     if lane == 0 and n < n_rows:
-        out[p, col0 + n] = a
+        c = col0 + n
+        out[p0, c] = a0
+        if cnt > 1:
+            out[p1, c] = a1
+        if cnt > 2:
+            out[p2, c] = a2
+        if cnt > 3:
+            out[p3, c] = a3
 
 
 @cuda.jit(cache=True)
-def _experts_vec_kernel(x, ids, w, qt, num_experts, n_rows, per_token, col0, out):
+def _experts_vec_kernel(x, order, es, ts, w, qt, num_experts, n_rows, k, per_token, col0, out):
     """F32 / F16 / BF16 rows as 64-bit words (_linear._word: 2 or 4 weights a word)."""
     grid_dependency_sync()
     lane = cuda.threadIdx.x % 32
-    for p in range(cuda.blockIdx.y, ids.shape[0] * ids.shape[1], cuda.gridDim.y):
-        xr, n, r = _pair_row(ids, p, num_experts, n_rows, per_token)
-        per = 2 if qt == F32 else 4
-        words = w.shape[1]
-        a = _Z
+    n = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
+    per = 2 if qt == F32 else 4
+    words = w.shape[1]
+    for j in range(cuda.blockIdx.y, ts[num_experts], cuda.gridDim.y):
+        e, cnt, p0, p1, p2, p3, x0, x1, x2, x3 = _tile(j, es, ts, order, num_experts, k, per_token)
+        one = cnt == 1
+        r = e * n_rows + imin(n, n_rows - 1)
+        a0 = a1 = a2 = a3 = _Z
         c = lane
         while c + 32 < words:  # two words per lane in flight
             u = w[r, c]
             v = w[r, c + 32]
-            a, _, _, _ = _word(x, xr, xr, xr, xr, True, u, c * per, qt, a, _Z, _Z, _Z)
-            a, _, _, _ = _word(x, xr, xr, xr, xr, True, v, (c + 32) * per, qt, a, _Z, _Z, _Z)
+            a0, a1, a2, a3 = _word(x, x0, x1, x2, x3, one, u, c * per, qt, a0, a1, a2, a3)
+            a0, a1, a2, a3 = _word(x, x0, x1, x2, x3, one, v, (c + 32) * per, qt, a0, a1, a2, a3)
             c += 64
         if c < words:
-            a, _, _, _ = _word(x, xr, xr, xr, xr, True, w[r, c], c * per, qt, a, _Z, _Z, _Z)
-        _store(out, col0, p, n, n_rows, lane, a)
+            a0, a1, a2, a3 = _word(x, x0, x1, x2, x3, one, w[r, c], c * per, qt, a0, a1, a2, a3)
+        _store(out, col0, n, n_rows, lane, cnt, p0, p1, p2, p3, a0, a1, a2, a3)
 
 
 @cuda.jit(cache=True)
-def _experts_float_kernel(x, ids, w, qt, num_experts, n_rows, per_token, col0, out):
+def _experts_float_kernel(x, order, es, ts, w, qt, num_experts, n_rows, k, per_token, col0, out):
     """Float rows that are not 8-byte words (odd widths): one weight a lane a step."""
     grid_dependency_sync()
     lane = cuda.threadIdx.x % 32
-    for p in range(cuda.blockIdx.y, ids.shape[0] * ids.shape[1], cuda.gridDim.y):
-        xr, n, r = _pair_row(ids, p, num_experts, n_rows, per_token)
-        a = _Z
-        for k in range(lane, x.shape[1], 32):
-            a += x[xr, k] * float_weight(w, r, k, qt)
-        _store(out, col0, p, n, n_rows, lane, a)
+    n = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
+    for j in range(cuda.blockIdx.y, ts[num_experts], cuda.gridDim.y):
+        e, cnt, p0, p1, p2, p3, x0, x1, x2, x3 = _tile(j, es, ts, order, num_experts, k, per_token)
+        r = e * n_rows + imin(n, n_rows - 1)
+        a0 = a1 = a2 = a3 = _Z
+        for kk in range(lane, x.shape[1], 32):
+            wv = float_weight(w, r, kk, qt)
+            a0 += x[x0, kk] * wv
+            a1 += x[x1, kk] * wv
+            a2 += x[x2, kk] * wv
+            a3 += x[x3, kk] * wv
+        _store(out, col0, n, n_rows, lane, cnt, p0, p1, p2, p3, a0, a1, a2, a3)
 
 
 @cuda.jit(cache=True)
-def _experts_quant_kernel(x, ids, w, qt, num_experts, n_rows, per_token, col0, out):
+def _experts_quant_kernel(x, order, es, ts, w, qt, num_experts, n_rows, k, per_token, col0, out):
     """Q4_0 / Q4_1 / Q8_0: four lanes a 32-weight block, as _linear's quant kernel walks it."""
     grid_dependency_sync()
     lane = cuda.threadIdx.x % 32
-    for p in range(cuda.blockIdx.y, ids.shape[0] * ids.shape[1], cuda.gridDim.y):
-        xr, n, r = _pair_row(ids, p, num_experts, n_rows, per_token)
-        sub = lane % 4
-        a = _Z
+    n = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
+    sub = lane % 4
+    for j in range(cuda.blockIdx.y, ts[num_experts], cuda.gridDim.y):
+        e, cnt, p0, p1, p2, p3, x0, x1, x2, x3 = _tile(j, es, ts, order, num_experts, k, per_token)
+        one = cnt == 1
+        r = e * n_rows + imin(n, n_rows - 1)
+        a0 = a1 = a2 = a3 = _Z
         for b in range(lane // 4, x.shape[1] // QK, 8):
             c = b * QK
             if qt == Q8_0:
                 h = b * (BB_Q8_0 // 2)
                 d = f16_to_f32(w[r, h])
-                for e in range(4):
-                    word = np.int32(w[r, h + 1 + 4 * sub + e])
-                    k = c + 8 * sub + 2 * e
-                    a, _, _, _ = _q8_word(x, xr, xr, xr, xr, True, word, k, d, a, _Z, _Z, _Z)
+                for i in range(4):
+                    word = np.int32(w[r, h + 1 + 4 * sub + i])
+                    kk = c + 8 * sub + 2 * i
+                    a0, a1, a2, a3 = _q8_word(x, x0, x1, x2, x3, one, word, kk, d, a0, a1, a2, a3)
             else:
                 if qt == Q4_0:
                     h = b * (BB_Q4_0 // 2)
@@ -136,51 +166,61 @@ def _experts_quant_kernel(x, ids, w, qt, num_experts, n_rows, per_token, col0, o
                     mn = f16_to_f32(w[r, h + 1])
                     body = h + 2
                 d = f16_to_f32(w[r, h])
-                for e in range(2):
-                    word = np.int32(w[r, body + 2 * sub + e])
-                    j = 4 * sub + 2 * e
-                    a, _, _, _ = _q4_word(
-                        x, xr, xr, xr, xr, True, word, c, j, d, mn, qt, a, _Z, _Z, _Z
+                for i in range(2):
+                    word = np.int32(w[r, body + 2 * sub + i])
+                    jj = 4 * sub + 2 * i
+                    a0, a1, a2, a3 = _q4_word(
+                        x, x0, x1, x2, x3, one, word, c, jj, d, mn, qt, a0, a1, a2, a3
                     )
-        _store(out, col0, p, n, n_rows, lane, a)
+        _store(out, col0, n, n_rows, lane, cnt, p0, p1, p2, p3, a0, a1, a2, a3)
 
 
 @cuda.jit(cache=True)
-def _experts_kquant_kernel(x, ids, w, qt, num_experts, n_rows, per_token, col0, out):
+def _experts_kquant_kernel(x, order, es, ts, w, qt, num_experts, n_rows, k, per_token, col0, out):
     """Q2_K .. Q6_K and Q5_0 / Q5_1: _linear_kquant's per-lane units."""
     grid_dependency_sync()
     lane = cuda.threadIdx.x % 32
-    for p in range(cuda.blockIdx.y, ids.shape[0] * ids.shape[1], cuda.gridDim.y):
-        xr, n, r = _pair_row(ids, p, num_experts, n_rows, per_token)
-        K = x.shape[1]
-        a = _Z
+    n = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
+    K = x.shape[1]
+    for j in range(cuda.blockIdx.y, ts[num_experts], cuda.gridDim.y):
+        e, cnt, p0, p1, p2, p3, x0, x1, x2, x3 = _tile(j, es, ts, order, num_experts, k, per_token)
+        one = cnt == 1
+        r = e * n_rows + imin(n, n_rows - 1)
+        a0 = a1 = a2 = a3 = _Z
         if qt == Q5_0 or qt == Q5_1:
             for blk in range(lane // 4, K // 32, 8):
-                a, _, _, _ = _block_q5(
-                    x, xr, xr, xr, xr, True, w, r, qt, blk, lane % 4, a, _Z, _Z, _Z
+                a0, a1, a2, a3 = _block_q5(
+                    x, x0, x1, x2, x3, one, w, r, qt, blk, lane % 4, a0, a1, a2, a3
                 )
         else:
             for b in range(K // QK_K):
                 if qt == Q4_K or qt == Q5_K:
-                    a, _, _, _ = _unit_q45k(
-                        x, xr, xr, xr, xr, True, w, r, qt, b, lane, a, _Z, _Z, _Z
+                    a0, a1, a2, a3 = _unit_q45k(
+                        x, x0, x1, x2, x3, one, w, r, qt, b, lane, a0, a1, a2, a3
                     )
                 elif qt == Q6_K:
-                    a, _, _, _ = _unit_q6k(x, xr, xr, xr, xr, True, w, r, b, lane, a, _Z, _Z, _Z)
-                else:
-                    a, _, _, _ = _unit_q23k(
-                        x, xr, xr, xr, xr, True, w, r, qt, b, lane, a, _Z, _Z, _Z
+                    a0, a1, a2, a3 = _unit_q6k(
+                        x, x0, x1, x2, x3, one, w, r, b, lane, a0, a1, a2, a3
                     )
-        _store(out, col0, p, n, n_rows, lane, a)
+                else:
+                    a0, a1, a2, a3 = _unit_q23k(
+                        x, x0, x1, x2, x3, one, w, r, qt, b, lane, a0, a1, a2, a3
+                    )
+        _store(out, col0, n, n_rows, lane, cnt, p0, p1, p2, p3, a0, a1, a2, a3)
 
 
-def experts_gemv(kernel, x, ids, wv, qt, num_experts, per_token, col0, out, stream) -> None:
+def experts_gemv(kernel, x, ids, groups, wv, qt, num_experts, per_token, col0, out, stream):
     """Launches kernel (one of this module's, for wv's type) over arguments the public
-    launcher (moe.expert_linear) has checked."""
+    launcher (moe.expert_linear) has checked; groups: (order, expert_start, tile_start)."""
     n_rows = wv.shape[0] // num_experts
     pairs = ids.shape[0] * ids.shape[1]
-    grid = (-(-n_rows // WARPS), min(pairs, MAX_GRID_Y))
-    kernel[grid, WARPS * 32, stream](x, ids, wv, qt, num_experts, n_rows, per_token, col0, out)
+    tiles = min(pairs, pairs // PAIRS_PER_TILE + num_experts)  # at most; the rest exit
+    grid = (-(-n_rows // WARPS), min(tiles, MAX_GRID_Y))
+    order, es, ts = groups
+    k = ids.shape[1]
+    kernel[grid, WARPS * 32, stream](
+        x, order, es, ts, wv, qt, num_experts, n_rows, k, per_token, col0, out
+    )
 
 
 KERNELS = {

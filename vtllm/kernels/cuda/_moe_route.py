@@ -8,6 +8,11 @@ the logits row in place and a taken expert's is set to TAKEN (probabilities are 
 negative): no scratch per token, whatever the expert count. A row of NaN (a padded row of a
 graph step) still picks k distinct experts, 0 .. k-1, so the GEMV that follows reads no
 expert outside the layer.
+group: the (token, rank) pairs p = t * k + r sorted by expert for the experts' GEMV
+(_moe_gemv), in one block: counts per expert, their prefix sums (where each expert's run of
+pairs starts in `order`, and where its tiles of up to PAIRS_PER_TILE pairs start), then each
+pair placed in its expert's run. The places come from atomics, so the order within a run
+varies from step to step; no result depends on it (the GEMV computes each pair on its own).
 combine: out[t] = sum over r, in rank order, of weights[t, r] * ys[t * k + r]: the first
 product, then one fused multiply-add per rank (kernels/cpu/moe.combine's order).
 """
@@ -17,13 +22,15 @@ import math
 import numpy as np
 from numba import cuda
 
-from vtllm.kernels.cuda._device import SIMULATOR, fma32, fmax
+from vtllm.kernels.cuda._device import SIMULATOR, fma32, fmax, imin
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 ROUTE_THREADS = 32 if SIMULATOR else 128
 COMBINE_THREADS = 32 if SIMULATOR else 256
 MAX_BLOCKS = 4 if SIMULATOR else 4096  # the combine's grid-stride loop covers the rest
 TAKEN = np.float32(-1.0)
+GROUP_THREADS = 32 if SIMULATOR else 1024
+PAIRS_PER_TILE = 4  # pairs of one expert a GEMV block takes at once (its four accumulators)
 
 
 @cuda.jit(cache=True)
@@ -59,6 +66,43 @@ def _route_kernel(logits, renormalize, ids, weights):
 
 
 @cuda.jit(cache=True)
+def _group_kernel(ids, num_experts, fill, expert_start, tile_start, order):
+    grid_dependency_sync()
+    tid, threads = cuda.threadIdx.x, cuda.blockDim.x
+    k = ids.shape[1]
+    pairs = ids.shape[0] * k
+    for e in range(tid, num_experts, threads):
+        fill[e] = 0
+    cuda.syncthreads()
+    for p in range(tid, pairs, threads):
+        cuda.atomic.add(fill, _expert(ids, p, k, num_experts), 1)
+    cuda.syncthreads()
+    if tid == 0:  # E <= a few hundred: one thread's prefix sums cost less than a scan's syncs
+        run = tiles = 0
+        for e in range(num_experts):
+            count = fill[e]
+            expert_start[e] = run
+            tile_start[e] = tiles
+            fill[e] = run
+            run += count
+            tiles += (count + PAIRS_PER_TILE - 1) // PAIRS_PER_TILE
+        expert_start[num_experts] = run
+        tile_start[num_experts] = tiles
+    cuda.syncthreads()
+    for p in range(tid, pairs, threads):
+        order[cuda.atomic.add(fill, _expert(ids, p, k, num_experts), 1)] = p
+
+
+@cuda.jit(device=True)
+def _expert(ids, p, k, num_experts):
+    """Pair p's expert, clamped: padded rows of a graph step must not send the GEMV outside
+    the layer's experts, whatever their ids hold."""
+    t = p // k
+    e = ids[t, p - t * k]
+    return 0 if e < 0 else imin(e, num_experts - 1)
+
+
+@cuda.jit(cache=True)
 def _combine_kernel(ys, weights, accumulate, out):
     grid_dependency_sync()
     k, hidden = weights.shape[1], out.shape[1]
@@ -75,6 +119,10 @@ def route(logits, renormalize: bool, ids, weights, stream) -> None:
     t = logits.shape[0]
     blocks = -(-t // ROUTE_THREADS)
     _route_kernel[blocks, ROUTE_THREADS, stream](logits, renormalize, ids, weights)
+
+
+def group(ids, num_experts: int, fill, expert_start, tile_start, order, stream) -> None:
+    _group_kernel[1, GROUP_THREADS, stream](ids, num_experts, fill, expert_start, tile_start, order)
 
 
 def combine(ys, weights, accumulate: bool, out, stream) -> None:

@@ -6,9 +6,11 @@ A layer's experts are uploaded as one matrix per part (`upload_experts`): expert
 e * N .. of a [E * N, cols] array in their stored type, so one kernel serves every expert, its
 rows picked by the device-side ids (_moe_gemv). A gate/up pair of one storage type is one part
 [E * 2I, cols] (gate rows then up rows per expert); of two types, two parts, each writing its
-columns of the one [pairs, 2I] output. Per (token, rank) pair: gate/up, silu(gate) * up, down,
-then the combine adds each token's k rows, weighted, in rank order (_moe_route). Every step
-size takes this one path, so a token's bits never depend on its step (batch invariance).
+columns of the one [pairs, 2I] output. Per step: the top-k, the (token, rank) pairs grouped by
+expert (`group_pairs`, so that the GEMV reads an expert's rows once for up to four of its
+pairs), then per pair gate/up, silu(gate) * up, down, and the combine adds each token's k
+rows, weighted, in rank order (_moe_route). Every step size takes this one path and a pair's
+bits do not depend on the pairs beside it, so a token's bits never depend on its step.
 
 Semantics are kernels/cpu/moe's: float64 softmax rounded to float32, top-k by strict > over
 ascending experts (ties to the lower index), renormalized weights divided by their float32
@@ -25,12 +27,43 @@ from vtllm.kernels.cuda._host import aligned, check, weight_view
 from vtllm.kernels.cuda._linear_kquant import TYPES as KQUANT_TYPES
 from vtllm.kernels.cuda._moe_gemv import KERNELS, experts_gemv
 from vtllm.kernels.cuda._moe_route import combine as _combine
+from vtllm.kernels.cuda._moe_route import group as _group
 from vtllm.kernels.cuda._moe_route import route as _route
 from vtllm.kernels.cuda.activation import silu_and_mul
 
-__all__ = ["DeviceExperts", "combine", "expert_linear", "route_top_k", "upload_experts"]
+__all__ = [
+    "DeviceExperts",
+    "PairGroups",
+    "combine",
+    "expert_linear",
+    "group_pairs",
+    "route_top_k",
+    "upload_experts",
+]
 
 _QUANT = (int(QType.Q4_0), int(QType.Q4_1), int(QType.Q8_0))
+
+
+@dataclass(slots=True)
+class PairGroups:
+    """A step's (token, rank) pairs grouped by expert on the device (group_pairs), as
+    expert_linear reads them: static buffers, sized once for the largest step."""
+
+    order: object  # [max pairs] int32: pairs sorted by expert
+    expert_start: object  # [E + 1] int32: where each expert's pairs start in order
+    tile_start: object  # [E + 1] int32: where each expert's tiles of pairs start
+    fill: object  # [E] int32: the grouping's counters
+
+    @classmethod
+    def create(cls, max_pairs: int, num_experts: int, *, stream=0) -> "PairGroups":
+        def buf(n):
+            return cuda.device_array(n, np.int32, stream=stream)
+
+        return cls(buf(max_pairs), buf(num_experts + 1), buf(num_experts + 1), buf(num_experts))
+
+    @property
+    def num_experts(self) -> int:
+        return self.fill.shape[0]
 
 
 @dataclass(slots=True)
@@ -51,18 +84,18 @@ class DeviceExperts:
     down: ExpertPart
     width: int  # I, the experts' intermediate size
 
-    def gated_up(self, x, ids, gate_up, act, *, stream=0) -> None:
+    def gated_up(self, x, ids, groups: PairGroups, gate_up, act, *, stream=0) -> None:
         """act [pairs, I] = silu(gate) * up of each pair's token row of x [T, hidden]; gate_up
-        [pairs, 2I] is scratch."""
+        [pairs, 2I] is scratch; groups: ids grouped by group_pairs."""
         for part in self.gate_up:
-            expert_linear(x, ids, part.data, part.qtype, self.num_experts, gate_up,
-                          col0=part.col0, stream=stream)  # fmt: skip
+            expert_linear(x, ids, groups, part.data, part.qtype, gate_up, col0=part.col0,
+                          stream=stream)  # fmt: skip
         silu_and_mul(gate_up, act, stream=stream)
 
-    def down_proj(self, act, ids, ys, *, stream=0) -> None:
+    def down_proj(self, act, ids, groups: PairGroups, ys, *, stream=0) -> None:
         """ys [pairs, hidden] = each pair's row of act through its expert's down matrix."""
         d = self.down
-        expert_linear(act, ids, d.data, d.qtype, self.num_experts, ys, stream=stream)
+        expert_linear(act, ids, groups, d.data, d.qtype, ys, stream=stream)
 
 
 def _stack(mats: list, stream) -> tuple[object, int, int]:
@@ -118,12 +151,25 @@ def route_top_k(logits, renormalize: bool, ids, weights, *, stream=0) -> None:
         _route(logits, bool(renormalize), ids, weights, stream)
 
 
-def expert_linear(x, ids, w, qtype, num_experts: int, out, *, col0: int = 0, stream=0) -> None:
+def group_pairs(ids, groups: PairGroups, *, stream=0) -> None:
+    """Groups the pairs p = t * k + r of ids int32 [T, k] by expert into groups (sized for at
+    least T * k pairs and the layer's experts): what expert_linear reads."""
+    check("group_pairs", "ids", ids, np.int32, 2)
+    if ids.shape[0] * ids.shape[1] > groups.order.shape[0]:
+        raise ValueError(f"group_pairs: {tuple(ids.shape)} is more pairs than groups holds")
+    if ids.shape[0]:
+        _group(ids, groups.num_experts, groups.fill, groups.expert_start, groups.tile_start,
+               groups.order, stream)  # fmt: skip
+
+
+def expert_linear(x, ids, groups: PairGroups, w, qtype, out, *, col0: int = 0, stream=0):
     """out[p, col0:col0 + N] = x[row] @ W_e.T for each pair p = t * k + r, e = ids[t, r], W
-    = (w, qtype) the experts stacked [E * N, K] (upload_experts); row is t where x is [T, K],
-    p where x is [T * k, K]. Device arrays; out [T * k, >= col0 + N] float32."""
+    = (w, qtype) the experts stacked [E * N, K] (upload_experts), groups what group_pairs made
+    of ids; row is t where x is [T, K], p where x is [T * k, K]. Device arrays; out [T * k,
+    >= col0 + N] float32."""
     check("expert_linear", "ids", ids, np.int32, 2)
     t, k = ids.shape
+    num_experts = groups.num_experts
     check("expert_linear", "x", x, np.float32, 2)
     if x.shape[0] not in (t, t * k):
         raise ValueError(f"expert_linear: x {tuple(x.shape)} for ids {tuple(ids.shape)}")
@@ -145,7 +191,8 @@ def expert_linear(x, ids, w, qtype, num_experts: int, out, *, col0: int = 0, str
     else:
         kernel = KERNELS["float"]
     per_token = x.shape[0] == t
-    experts_gemv(kernel, x, ids, wv, qt, num_experts, per_token, col0, out, stream)
+    grouped = (groups.order, groups.expert_start, groups.tile_start)
+    experts_gemv(kernel, x, ids, grouped, wv, qt, num_experts, per_token, col0, out, stream)
 
 
 def combine(ys, weights, out, *, accumulate: bool = False, stream=0) -> None:

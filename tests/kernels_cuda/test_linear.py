@@ -84,3 +84,18 @@ def test_rejects_bad_arguments(rng):
         linear(x, w, 99, poisoned((2, 4)))
     with pytest.raises(ValueError, match="bias"):
         linear(x, w, QType.Q4_0, poisoned((2, 4)), bias=dev(np.ones(3, np.float32)))
+
+
+@pytest.mark.parametrize("qtype", ALL_QTYPES, ids=lambda q: q.name)
+def test_a_row_has_the_same_bits_at_any_m(rng, qtype):
+    """Batch invariance: a row computed alone (the one-row loop of a decode step) and inside a
+    step of 5 rows (the four-row loop) round alike. On a card the compiler may contract the two
+    loops' a * b + c into different fused multiply-adds; the K-quant GEMV pins its fmas for
+    that reason (test_linear_kquant)."""
+    n, k = 9, 160
+    w = random_weight(rng, qtype, n, k)
+    x = (rng.standard_normal((5, k)) * 2).astype(np.float32)
+    many, one = poisoned((5, n)), poisoned((1, n))
+    linear(dev(x), dev(w), qtype, many)
+    linear(dev(x[2:3]), dev(w), qtype, one)
+    np.testing.assert_array_equal(host(one)[0], host(many)[2])

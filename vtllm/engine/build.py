@@ -17,6 +17,7 @@ from vtllm.executor.runner import ModelRunner
 from vtllm.models.loader import LoadedModel, load_model
 from vtllm.scheduler.config import SchedulerConfig
 from vtllm.scheduler.scheduler import Scheduler
+from vtllm.scheduler.sliding_window import window_of_every_layer
 
 log = logging.getLogger("vtllm.engine")
 
@@ -83,6 +84,9 @@ def build_parts(
             enable_prefix_caching=config.enable_prefix_caching,
             resident_blocks=resident_blocks,
             eos_token_ids=mc.eos_token_ids,
+            sliding_window=window_of_every_layer(
+                mc.sliding_window, mc.sliding_layers, max_model_len
+            ),
             num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
             prompt_lookup_min=spec.prompt_lookup_min if spec else 1,
             prompt_lookup_max=spec.prompt_lookup_max if spec else 1,

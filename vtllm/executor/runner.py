@@ -106,6 +106,10 @@ class StepRunner:
 
     # -- per-slot state ---------------------------------------------------------------------
     def apply(self, plan: StepPlan) -> None:
+        # blocks freed outside a sliding window become the null block (attention never reads
+        # them), so nothing through these entries can reach a block another request now holds
+        for slot, n in plan.released_blocks.items():
+            self.block_tables[slot, :n] = 0
         for slot in plan.freed_slots:
             self.num_slot_blocks[slot] = 0
             self.sampling.clear_slot(slot)

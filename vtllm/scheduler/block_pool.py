@@ -185,8 +185,9 @@ class BlockPool:
             key = keys[i]
             block = block_ids[i]
             # First writer wins: a second copy of the same prefix stays unregistered, so
-            # key_to_block and block_to_key stay a bijection.
-            if key not in key_to_block and block_to_key[block] is None:
+            # key_to_block and block_to_key stay a bijection. A null entry was freed as
+            # outside a sliding window (scheduler/sliding_window.py): nothing to offer.
+            if block != NULL_BLOCK and key not in key_to_block and block_to_key[block] is None:
                 key_to_block[key] = block
                 block_to_key[block] = key
         request.num_registered_blocks = num_blocks

@@ -13,6 +13,10 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     # Blocks handed out before cached prefixes are evicted for room (0: no cap; see BlockPool).
     resident_blocks: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    # Every layer's sliding window in tokens (the query's own included) when every layer has
+    # one: blocks older than every window still to come are freed (scheduler/sliding_window);
+    # 0: every block lives as long as its request.
+    sliding_window: int = 0
     # n-gram speculation (scheduler/speculative.py): proposals per step, 0 = off
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 1
@@ -30,6 +34,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
                 "SchedulerConfig: num_speculative_tokens >= 0 and "
                 "1 <= prompt_lookup_min <= prompt_lookup_max"
             )
+        if self.sliding_window < 0:
+            raise ValueError("SchedulerConfig.sliding_window must be >= 0")
         if self.num_blocks < 2:
             raise ValueError("SchedulerConfig.num_blocks must be >= 2 (block 0 is the null block)")
 

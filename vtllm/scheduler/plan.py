@@ -46,6 +46,10 @@ class StepPlan(msgspec.Struct, array_like=True):
     # slot -> packed mask of the tokens its sampled row may take (bit t of int32 word t // 32),
     # for constrained requests; the engine fills it once their previous tokens are known
     token_masks: dict[int, bytes] = {}
+    # slot -> n: the slot's block-table entries [0, n) were freed as outside every sliding
+    # window still to come and are the null block now; applied before `freed_slots`, so it
+    # never touches the table of a request seated in this plan
+    released_blocks: dict[int, int] = {}
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True):

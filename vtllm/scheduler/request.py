@@ -1,6 +1,7 @@
 """One generation request as the scheduler tracks it: tokens, progress, slot and blocks."""
 
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -56,6 +57,11 @@ class Request:
     speculates: bool = _state(False)
     history: object = _state(None)
     drafts_in_flight: list[int] = field(default_factory=list, init=False)
+    # Sliding window (scheduler/sliding_window.py): leading block_ids entries freed as older
+    # than every window still to come (now the null block), and (step id, start) of the
+    # chunks planned since, oldest first, whose steps may still read older blocks.
+    num_released_blocks: int = _state(0)
+    chunks_in_flight: deque = field(default_factory=deque, init=False)
 
     def __post_init__(self):
         if self.seed is None:

@@ -24,6 +24,13 @@ draw at that position gives it), and it is planned from host-known tokens only, 
 update() rolls back the rejected positions: the request's computed count moves back to its
 last token, and blocks that held only rejected positions return to the pool. What proposes is
 pluggable (n-gram lookup by default; the engine passes a draft model's proposer).
+
+Sliding window (config.sliding_window, when every layer has one): each schedule() first frees
+the running requests' blocks that lie wholly before the window of every query still to run,
+the chunks in flight included (scheduler/sliding_window.py); the table keeps their positions
+as null entries, the plan tells the executor (released_blocks), and a request then holds a
+window's blocks plus its chunks', so the free-block count, admission and preemption all see
+the smaller use with no other change.
 """
 
 from bisect import insort
@@ -38,6 +45,13 @@ from vtllm.scheduler.config import SchedulerConfig
 from vtllm.scheduler.output import ABORT, LENGTH, STOP, Delta
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan, StepResult
 from vtllm.scheduler.request import Request, RequestStatus
+from vtllm.scheduler.sliding_window import (
+    find_window_hit,
+    forget_window_state,
+    live_blocks,
+    peak_blocks,
+    release_outside_window,
+)
 from vtllm.scheduler.speculative import NgramProposer, SpecStats, num_drafts, roll_back
 
 RUNNING, FINISHED = RequestStatus.RUNNING, RequestStatus.FINISHED
@@ -61,6 +75,10 @@ class Scheduler:
         self._free_slots = list(range(config.max_num_seqs))  # min-heap: slots stay compact
         heapify(self._free_slots)
         self._freed_slots: list[int] = []  # for the next plan
+        # every layer's sliding window (0: none), and slot -> leading block-table entries freed
+        # outside it since the last plan (scheduler/sliding_window.py)
+        self._window = config.sliding_window
+        self._released: dict[int, int] = {}
         # (step_id, requests of the sampling chunks in chunk order, slot -> request of the
         # chunks that asked for prompt logprobs) per launched step, oldest first.
         self._in_flight: deque[tuple[int, list[Request], dict[int, Request]]] = deque()
@@ -96,9 +114,11 @@ class Scheduler:
                 param="prompt" if room < 1 else "max_tokens",
             )
         max_output = room if max_tokens is None else max_tokens
-        # The last sampled token is never computed, so its KV needs no block.
-        bs = cfg.block_size
-        max_blocks = (num_prompt + max_output - 1 + bs - 1) // bs
+        # The last sampled token is never computed, so its KV needs no block; a sliding
+        # window bounds what the request holds at once (sliding_window.peak_blocks).
+        max_blocks = peak_blocks(
+            num_prompt + max_output - 1, cfg.block_size, self._window, cfg.max_num_batched_tokens
+        )
         if max_blocks > self.pool.num_usable_blocks:
             raise RequestRejected(
                 f"the request needs up to {max_blocks} KV-cache blocks "
@@ -156,6 +176,9 @@ class Scheduler:
         samplers: list[Request] = []
         plp_slots: dict[int, Request] = {}  # chunks that return prompt logprobs
         preempted = False
+        step_id = self._next_step_id
+        if self._window:
+            self._release_outside_window()
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -208,6 +231,8 @@ class Scheduler:
             else:
                 chunks.append(Chunk(req.slot, start, n, new_blocks, sample, want_plp))
             req.num_computed_tokens = end
+            if self._window:
+                req.chunks_in_flight.append((step_id, start))
             budget -= n
             if sample:
                 req.num_placeholders = ph + 1
@@ -223,7 +248,7 @@ class Scheduler:
                 if req.num_placeholders:
                     j += 1  # preempted with a token in flight: seat it once that lands
                     continue
-                admitted = self._admit(req, budget)
+                admitted = self._admit(req, budget, step_id)
                 if admitted is None:
                     break  # the head does not fit: keep FCFS order, no overtaking
                 del waiting[j]
@@ -244,10 +269,11 @@ class Scheduler:
             chunks.sort(key=lambda c: c.num_tokens > 1)
             by_slot = {req.slot: req for req in samplers}
             samplers = [by_slot[c.slot] for c in chunks if c.sample]
-        step_id = self._next_step_id
         self._next_step_id += 1
         plan = StepPlan(step_id, seated, chunks, self._freed_slots)
         self._freed_slots = []
+        if self._released:
+            plan.released_blocks, self._released = self._released, {}
         self.constrained = [r for r in samplers if r.constraint is not None]
         self._in_flight.append((step_id, samplers, plp_slots))
         return plan
@@ -340,27 +366,32 @@ class Scheduler:
             logprobs = [sampled.logprobs, *sampled.more_logprobs][: len(tokens)]
         return _delta(req, tokens, logprobs)
 
-    def _admit(self, req: Request, budget: int) -> tuple[SeatedRequest, Chunk] | None:
+    def _admit(self, req: Request, budget: int, step_id: int) -> tuple[SeatedRequest, Chunk] | None:
         """Seat a queued request with its first chunk, or None (nothing changed) if no room."""
         cfg, pool = self.config, self.pool
         bs = cfg.block_size
         num_tokens = req.num_known_tokens
         hits: list[int] = []
+        num_null = 0  # leading hit entries outside the first query's window (null blocks)
         # Prompt logprobs need every prompt position computed, so such requests skip the cache.
         if cfg.enable_prefix_caching and req.sampling.prompt_logprobs is None:
             # Leave at least the last token to compute: its logits give the next token.
             max_hits = (num_tokens - 1) // bs
             req.extend_block_keys(max_hits * bs, bs)
-            hits = pool.find_cached_prefix(req.block_keys, max_hits)
+            if self._window:
+                hits, num_null = find_window_hit(pool, req.block_keys, max_hits, self._window)
+            else:
+                hits = pool.find_cached_prefix(req.block_keys, max_hits)
+        held = hits[num_null:] if num_null else hits
         start = len(hits) * bs
         n = min(num_tokens - start, budget)
         if req.sampling.prompt_logprobs is not None:
             n = req.cap_at_logprobs_mark(start, n)
         end = start + n
         need = (end + bs - 1) // bs - len(hits)
-        if need + pool.num_free_among(hits) > pool.num_free_blocks:
+        if need + pool.num_free_among(held) > pool.num_free_blocks:
             return None
-        pool.touch(hits)  # before allocate, which could otherwise evict a hit
+        pool.touch(held)  # before allocate, which could otherwise evict a hit
         new_blocks = pool.allocate(need)
         if cfg.enable_prefix_caching:
             pool.record_query(num_tokens, start)
@@ -372,7 +403,10 @@ class Scheduler:
         req.status = RUNNING
         req.block_ids = hits + new_blocks
         req.num_registered_blocks = len(hits)
+        req.num_released_blocks = num_null
         req.num_computed_tokens = end
+        if self._window:
+            req.chunks_in_flight.append((step_id, start))
         req.num_placeholders = int(end == num_tokens)
         insort(self.running, req, key=_order)
         seat = SeatedRequest(
@@ -402,8 +436,7 @@ class Scheduler:
         executor would have produced it too); the request is seated again only after that.
         """
         self.pool.cache_full_blocks(req, req.num_computed_tokens)
-        self.pool.free(req.block_ids)
-        req.block_ids = []
+        self._free_table(req)
         req.num_registered_blocks = 0
         req.num_computed_tokens = 0
         self._release_slot(req)
@@ -417,8 +450,7 @@ class Scheduler:
         if req.status == RUNNING:
             # Cached full blocks outlive the request in the prefix cache (refcount 0, free).
             self.pool.cache_full_blocks(req, req.num_computed_tokens)
-            self.pool.free(req.block_ids)
-            req.block_ids = []
+            self._free_table(req)
             self._release_slot(req)
             self.running.remove(req)
         else:
@@ -427,6 +459,23 @@ class Scheduler:
         req.finish_reason = reason
         req.stop_reason = stop_reason
         del self.requests[req.request_id]
+
+    def _free_table(self, req: Request) -> None:
+        blocks = req.block_ids
+        self.pool.free(live_blocks(blocks) if req.num_released_blocks else blocks)
+        req.block_ids = []
+        if self._window:
+            forget_window_state(req)
+
+    def _release_outside_window(self) -> None:
+        """Free every running request's blocks that no step in flight or still to come reads."""
+        in_flight = self._in_flight
+        oldest = in_flight[0][0] if in_flight else self._next_step_id
+        pool, window, released = self.pool, self._window, self._released
+        for req in self.running:
+            done = req.num_released_blocks
+            if release_outside_window(req, pool, window, oldest) > done:
+                released[req.slot] = req.num_released_blocks
 
     def _release_slot(self, req: Request) -> None:
         heappush(self._free_slots, req.slot)
@@ -464,7 +513,12 @@ class Scheduler:
             num_drafts = len(r.drafts_in_flight)
             assert r.num_computed_tokens <= r.num_tokens + num_drafts <= cfg.max_model_len
             assert not r.num_placeholders or r.num_computed_tokens >= r.num_tokens - 1
-            for block in r.block_ids:
+            num_null = r.num_released_blocks
+            assert not any(r.block_ids[:num_null]) and all(r.block_ids[num_null:]), "null entries"
+            if num_null:
+                first_query = min([r.num_computed_tokens] + [s for _, s in r.chunks_in_flight])
+                assert num_null * bs <= first_query - self._window + 1, "freed inside a window"
+            for block in r.block_ids[num_null:]:
                 refs[block] += 1
         assert refs == pool.ref_counts, "reference counts disagree with block tables"
 

@@ -47,6 +47,7 @@ from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan, StepResult
 from vtllm.scheduler.request import Request, RequestStatus
 from vtllm.scheduler.sliding_window import (
     find_window_hit,
+    first_query_to_come,
     forget_window_state,
     live_blocks,
     peak_blocks,
@@ -472,10 +473,13 @@ class Scheduler:
         in_flight = self._in_flight
         oldest = in_flight[0][0] if in_flight else self._next_step_id
         pool, window, released = self.pool, self._window, self._released
+        bs = pool.block_size
         for req in self.running:
-            done = req.num_released_blocks
-            if release_outside_window(req, pool, window, oldest) > done:
-                released[req.slot] = req.num_released_blocks
+            # blocks [0, end) lie wholly before every window still to come
+            end = (first_query_to_come(req, oldest) - window + 1) // bs
+            if end > req.num_released_blocks:
+                release_outside_window(req, pool, end)
+                released[req.slot] = end
 
     def _release_slot(self, req: Request) -> None:
         heappush(self._free_slots, req.slot)
@@ -515,8 +519,10 @@ class Scheduler:
             assert not r.num_placeholders or r.num_computed_tokens >= r.num_tokens - 1
             num_null = r.num_released_blocks
             assert not any(r.block_ids[:num_null]) and all(r.block_ids[num_null:]), "null entries"
-            if num_null:
-                first_query = min([r.num_computed_tokens] + [s for _, s in r.chunks_in_flight])
+            if num_null:  # every query still to come (uncollected chunks included)
+                starts = [s for _, s in r.chunks_in_flight]
+                assert starts == sorted(starts), "chunk starts out of order"
+                first_query = min([r.num_computed_tokens, *starts])
                 assert num_null * bs <= first_query - self._window + 1, "freed inside a window"
             for block in r.block_ids[num_null:]:
                 refs[block] += 1

@@ -55,29 +55,27 @@ def peak_blocks(num_positions: int, block_size: int, window: int, max_chunk: int
     return min(full, -(-span // block_size) + 1)
 
 
-def release_outside_window(
-    req: Request, pool: BlockPool, window: int, oldest_step_in_flight: int
-) -> int:
-    """Free the request's blocks that no query of a step in flight or still to come can read;
-    returns the new number of leading null entries (0 when nothing was ever freed).
+def first_query_to_come(req: Request, oldest_step_in_flight: int) -> int:
+    """The first position a query of the request may still run at: the start of its oldest
+    chunk in flight, else where its next chunk starts.
 
     req.chunks_in_flight holds (step id, start) of its planned chunks, oldest first; those of
-    steps older than oldest_step_in_flight were collected and are dropped here. Every chunk
-    still to plan starts at num_computed_tokens or later (a speculative roll back returns to
-    the position after the last chunk's first row at the earliest)."""
+    steps older than oldest_step_in_flight were collected and are dropped here. Starts only
+    grow while a request holds its blocks (preemption clears the list), and a speculative
+    roll back returns to the position after its chunk's first row at the earliest, so the
+    oldest entry is the smallest."""
     planned = req.chunks_in_flight
     while planned and planned[0][0] < oldest_step_in_flight:
         planned.popleft()
-    first_query = req.num_computed_tokens
-    for _, start in planned:  # at most one per step in flight
-        first_query = min(first_query, start)
-    bs = pool.block_size
-    end = (first_query - window + 1) // bs  # blocks [0, end) lie wholly before every window
+    return planned[0][1] if planned else req.num_computed_tokens
+
+
+def release_outside_window(req: Request, pool: BlockPool, end: int) -> None:
+    """Free the request's blocks [num_released_blocks, end): no query still to come reads
+    them (the caller checked: end * block_size <= first_query_to_come - window + 1)."""
     done = req.num_released_blocks
-    if end <= done:
-        return done
     # offer the full blocks to the prefix cache first: once null, an entry is never registered
-    pool.cache_full_blocks(req, end * bs)
+    pool.cache_full_blocks(req, end * pool.block_size)
     blocks = req.block_ids
     # free() takes a list from its end, and cached blocks are evicted in the order they were
     # freed: reversed, the oldest block is evicted first. A prefix hit needs the blocks at the
@@ -85,7 +83,6 @@ def release_outside_window(
     pool.free(blocks[done:end][::-1])
     blocks[done:end] = [NULL_BLOCK] * (end - done)
     req.num_released_blocks = end
-    return end
 
 
 def find_window_hit(

@@ -117,6 +117,8 @@ def test_freeing_changes_no_bit(mistral, work, kept, depth):
         mistral, work, depth=depth, freeing=True, num_blocks=14, caching=True
     )
     assert sched.num_preemptions > 0 and sched.pool.num_hit_tokens > 0
+    longest = max(len(prompt) + params.max_tokens for _, prompt, params, _ in work)
+    assert sched.pool.num_usable_blocks * BLOCK < longest // 4  # a quarter of the longest
     assert len(released) > 50
     for request_id, _prompt, params, _ in work:
         tokens, logprobs, reason, _, _ = freed[request_id]

@@ -13,7 +13,8 @@ on this card in this run. The last thing printed is one table of all of it.
 
 qwen3-30b-a3b (Qwen3-MoE: 128 experts, 8 a token) is a shape too, not a default: its bf16
 checkpoint is about 61 GB, so on a 64 GB disk run it with --layers (e.g. 12). Its floors count
-the experts a step's tokens pick (layer_params), not every expert.
+the experts a step's tokens pick (layer_params), not every expert. gemma3-4b (Gemma 3 4B's text
+model: windowed layers, GeGLU, tied head over 262k tokens) is a shape too, not a default.
 
 Ratios are speed ratios, so bigger is better for us whatever the unit: ours/floor is the share
 of the roofline reached (1.0 = at the physical limit), ours/peer above 1.0 means we are faster.

@@ -244,3 +244,25 @@ def test_the_llama_cpp_peer_gets_a_gguf_copy_of_the_checkpoint_written_once(tmp_
     assert bench_gpu.ensure_gguf(ckpt) == gguf and gguf.stat().st_mtime_ns == written
     loaded = load_model(gguf)
     assert loaded.config.architecture == "qwen3" and loaded.config.num_layers == 2
+
+
+def test_the_gemma3_4b_shape_is_gemma_3_4b_text(tmp_path):
+    """The synthetic gemma3-4b config reads as Gemma 3 4B's text model does: 34 layers, five of
+    six windowed over 1,024 keys with the local rope base, the global ones linearly scaled,
+    tied, q/k norm; its tensors carry Gemma's four norms a layer."""
+    import json
+
+    from vtllm.models.safetensors_loader import read_config
+    from vtllm.models.synthetic import hf_config, tensor_specs
+
+    config = hf_config("gemma3-4b")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    c = read_config(tmp_path)
+    assert (c.architecture, c.hidden_size, c.num_layers, c.head_dim) == ("gemma3", 2560, 34, 256)
+    assert c.sliding_window == 1024 and c.rope_local_theta == 10000.0
+    assert c.sliding_layers == tuple(i % 6 != 5 for i in range(34))
+    assert c.rope_scaling == {"rope_type": "linear", "factor": 8.0} and c.tie_word_embeddings
+    assert c.qk_norm and c.query_pre_attn_scalar == 256
+    names = {name for name, _, _ in tensor_specs(config)}
+    assert "model.layers.0.pre_feedforward_layernorm.weight" in names
+    assert "lm_head.weight" not in names

@@ -37,6 +37,26 @@ SHAPES = {
         151936,
         {"rope_theta": 1000000.0, **_experts(128, 8, 768)},
     ),
+    # Gemma 3 4B's text model: five of six layers windowed (1,024 keys) with their own rope
+    # base, the global ones linearly scaled; gelu-tanh MLP, q/k norm, four norms a layer, tied
+    "gemma3-4b": (
+        "gemma3",
+        2560,
+        34,
+        8,
+        4,
+        256,
+        10240,
+        262208,
+        {
+            "rope_theta": 1000000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "rope_local_base_freq": 10000.0,
+            "query_pre_attn_scalar": 256,
+            "sliding_window": 1024,
+            "sliding_window_pattern": 6,
+        },
+    ),
     "llama3-8b": (
         "llama",
         4096,
@@ -63,7 +83,14 @@ _HF_CLASS = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
+_GEMMA3 = (  # hf_config copies these from a gemma3 shape's extra fields
+    "rope_local_base_freq",
+    "query_pre_attn_scalar",
+    "sliding_window",
+    "sliding_window_pattern",
+)
 
 
 def hf_config(
@@ -85,10 +112,20 @@ def hf_config(
             k: extra[k] for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
         }
         experts.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    gemma = {}
+    if arch == "gemma3":
+        gemma = {k: extra[k] for k in _GEMMA3}
+        gemma.update(
+            hidden_activation="gelu_pytorch_tanh",
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+        )
+        tie = True  # Gemma's head is its embedding
     return {
         **experts,
+        **gemma,
         "architectures": [_HF_CLASS[arch]],
-        "model_type": arch,
+        "model_type": "gemma3_text" if arch == "gemma3" else arch,
         "hidden_size": hidden,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
@@ -117,11 +154,13 @@ def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
     )
     vocab = config["vocab_size"]
     specs = [("model.embed_tokens.weight", (vocab, hidden), "embed")]
+    gemma = config["model_type"] == "gemma3_text"
+    norm = "offset" if gemma else "norm"  # Gemma multiplies by 1 + w
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         specs += [
-            (p + "input_layernorm.weight", (hidden,), "norm"),
-            (p + "post_attention_layernorm.weight", (hidden,), "norm"),
+            (p + "input_layernorm.weight", (hidden,), norm),
+            (p + "post_attention_layernorm.weight", (hidden,), norm),
             (p + "self_attn.q_proj.weight", (heads * dim, hidden), "mat"),
             (p + "self_attn.k_proj.weight", (kv_heads * dim, hidden), "mat"),
             (p + "self_attn.v_proj.weight", (kv_heads * dim, hidden), "mat"),
@@ -130,9 +169,12 @@ def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
         if config["model_type"] == "qwen2":
             for name, n in (("q", heads * dim), ("k", kv_heads * dim), ("v", kv_heads * dim)):
                 specs.append((p + f"self_attn.{name}_proj.bias", (n,), "bias"))
-        if config["model_type"] in ("qwen3", "qwen3_moe"):
-            specs.append((p + "self_attn.q_norm.weight", (dim,), "norm"))
-            specs.append((p + "self_attn.k_norm.weight", (dim,), "norm"))
+        if config["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text"):
+            specs.append((p + "self_attn.q_norm.weight", (dim,), norm))
+            specs.append((p + "self_attn.k_norm.weight", (dim,), norm))
+        if gemma:
+            specs.append((p + "pre_feedforward_layernorm.weight", (hidden,), norm))
+            specs.append((p + "post_feedforward_layernorm.weight", (hidden,), norm))
         if config.get("num_experts"):  # the hub's names: the router, then each expert
             width = config["moe_intermediate_size"]
             specs.append((p + "mlp.gate.weight", (config["num_experts"], hidden), "mat"))
@@ -149,7 +191,7 @@ def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
             (p + "mlp.up_proj.weight", (inter, hidden), "mat"),
             (p + "mlp.down_proj.weight", (hidden, inter), "mat"),
         ]
-    specs.append(("model.norm.weight", (hidden,), "norm"))
+    specs.append(("model.norm.weight", (hidden,), norm))
     if not config["tie_word_embeddings"]:
         specs.append(("lm_head.weight", (vocab, hidden), "head"))
     return specs
@@ -158,6 +200,8 @@ def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
 def _draw(rng, kind: str, shape, *, peaked: bool, dtype=np.float64) -> np.ndarray:
     if kind == "norm":
         return (1.0 + 0.1 * rng.standard_normal(shape, dtype)).astype(np.float32)
+    if kind == "offset":
+        return (0.1 * rng.standard_normal(shape, dtype)).astype(np.float32)
     if kind == "bias":
         return (0.1 * rng.standard_normal(shape, dtype)).astype(np.float32)
     x = rng.standard_normal(shape, dtype)

@@ -148,7 +148,7 @@ KNOBS = (
         "speculative decoding, as vLLM's JSON: "
         '{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": A, '
         '"prompt_lookup_max": B}, or {"method": "draft_model", "model": PATH, '
-        '"num_speculative_tokens": K} (cpu device only; default: off)',
+        '"num_speculative_tokens": K} (default: off)',
     ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
     Knob(

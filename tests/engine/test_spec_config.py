@@ -4,7 +4,6 @@ import pytest
 
 from vtllm.__main__ import main
 from vtllm.config import parse_speculative_config, resolve
-from vtllm.engine.build import build_parts
 from vtllm.errors import InvalidParameter
 
 
@@ -76,11 +75,3 @@ def test_cli_exits_2_with_one_line(capsys):
     assert main(["serve", "--speculative-config", bad]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("vtllm: error: --speculative-config: ")
-
-
-def test_cuda_refuses_speculation_before_loading_anything():
-    config, _ = resolve(
-        device="cuda", speculative_config={"method": "ngram", "num_speculative_tokens": 2}
-    )
-    with pytest.raises(InvalidParameter, match="cpu device only"):
-        build_parts(config, loaded=None)  # would load the default model if it got that far

@@ -38,11 +38,6 @@ def build_parts(
     of each start-up phase by name (load, compile, KV allocation; on cuda, GPU set-up)."""
     phases = {} if phases is None else phases
     spec = config.speculative
-    if spec is not None and config.device != "cpu":
-        raise InvalidParameter(
-            "speculative_config: speculative decoding runs on the cpu device only for now",
-            param="speculative_config",
-        )
     started = time.perf_counter()
     loaded = loaded or load_model(config.model)
     phases["load"] = time.perf_counter() - started

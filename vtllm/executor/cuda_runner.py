@@ -25,6 +25,7 @@ from numba import cuda
 from vtllm.executor.cuda_graphs import CudaGraph, free_device_memory
 from vtllm.executor.cuda_knobs import SPLIT_SCRATCH_BYTES, attention_split_rows, check_knobs
 from vtllm.executor.cuda_ops import CudaOps
+from vtllm.executor.cuda_speculative import SpeculativeRounds, first_positions, token_drafts
 from vtllm.executor.kv_cache import num_kv_blocks
 from vtllm.executor.runner import StepOutput, StepRunner
 from vtllm.executor.staging import PromptStaging, StagedSamplingTable
@@ -54,6 +55,7 @@ _FIELDS = (
     "sample_slots",
     "sample_positions",
     "sample_masks",  # per sampled row: its row of mask_bits_dev, or -1 (unconstrained)
+    "token_drafts",  # per token row: the draft it carries, or -1 (executor/cuda_speculative)
 )
 _STEP_FIELDS = _FIELDS[:7]  # what the forward reads (models/ops.StepInputs)
 
@@ -63,6 +65,7 @@ class InFlight:
     ring: int  # staging slot holding the sampled ids
     event: object
     logits: np.ndarray | None  # host logits, when the step wanted prompt logprobs
+    spec: tuple | None = None  # speculative steps: (sampling chunks, logprobs wanted, seats)
 
 
 class CudaModelRunner(StepRunner):
@@ -119,7 +122,7 @@ class CudaModelRunner(StepRunner):
         self.prompt_staging = PromptStaging(RING, self.max_tokens)
         # staging: step metadata in, sampled ids out, both pinned so copies are asynchronous
         n, S = self.max_tokens, max_num_seqs
-        meta_size = 4 * n + 2 * S + 1 + S * self.max_blocks + 4 * S + 16
+        meta_size = 5 * n + 2 * S + 1 + S * self.max_blocks + 4 * S + 16
         self.meta_dev = cuda.device_array(meta_size, np.int32, stream=s)
         self.meta_host = [cuda.pinned_array(meta_size, np.int32) for _ in range(RING)]
         self.out_tokens_dev = cuda.device_array(S, np.int32, stream=s)
@@ -136,6 +139,8 @@ class CudaModelRunner(StepRunner):
             for _ in range(RING)
         ]
         self.events = [cuda.event() for _ in range(RING)]
+        self.spec_rounds = SpeculativeRounds(S, RING, s)
+        self.slot_seats = np.zeros(S, np.int64)  # requests seated in each slot so far
         # each step's device work lies between its start event and its event: their elapsed
         # times add up to device_seconds (the metadata copy before the start event is not
         # counted); launch_seconds is the host's time in launch(), GIL waits included
@@ -202,6 +207,7 @@ class CudaModelRunner(StepRunner):
             "sample_slots": (B,),
             "sample_positions": (B,),
             "sample_masks": (B,),
+            "token_drafts": (T,),
         }
         offsets, views, at = {}, {}, 0
         for name in _FIELDS:
@@ -224,6 +230,7 @@ class CudaModelRunner(StepRunner):
 
     # -- the runner's device hooks (executor/runner) ----------------------------------------
     def _seat(self, prompts) -> None:  # pinned staging, one copy a prompt (executor/staging)
+        self.slot_seats[[slot for slot, _ in prompts]] += 1
         self.prompt_staging.send(self._ring, prompts, self.token_ids_dev, self.stream)
 
     def _sampling_changed(self) -> None:  # the whole table in one copy
@@ -238,12 +245,13 @@ class CudaModelRunner(StepRunner):
             self.launch_seconds += time.perf_counter() - started
 
     def _launch(self, flat, chunks, num_logprobs, want_logits: bool, masks) -> InFlight:
-        ring, logits_host = self._ring, None
+        ring, logits_host, spec = self._ring, None, None
         B = len(chunks)
         fields = self._fields(flat, chunks)
+        rounds = max((len(c.draft_token_ids) for c in chunks), default=0)
         if masks:
             fields["sample_masks"] = self._send_masks(masks, B)
-        bucket = self._bucket(flat, B, want_logits)
+        bucket = 0 if rounds else self._bucket(flat, B, want_logits)
         if bucket:
             counts = graph_counts(bucket, self.max_num_seqs)
             views = self._stage(pad_step(fields, *counts[:2]), counts)
@@ -253,7 +261,9 @@ class CudaModelRunner(StepRunner):
             T, S, R = len(flat.positions), len(flat.slots), len(flat.logits_rows)
             views = self._stage(fields, (T, S, R, B))
             self.start_events[ring].record(self.stream)
-            logits = self.model.forward(self._inputs(views))
+            if rounds:
+                self.spec_rounds.write_drafts(self.token_ids_dev, views, self.stream)
+            logits = all_rows = self.model.forward(self._inputs(views))
             if want_logits:  # rare: the step waits for its logits
                 logits_host = logits.copy_to_host(stream=self.stream)
                 self.stream.synchronize()
@@ -263,6 +273,8 @@ class CudaModelRunner(StepRunner):
                     gather_rows(logits, views["sample_rows"], rows, stream=self.stream)
                     logits = rows
                 self._sample(logits, views, B)
+            if rounds:  # verification on the stream (executor/cuda_speculative)
+                spec = self.spec_rounds.run(self, all_rows, views, chunks, num_logprobs, ring)
         if B:
             self.out_tokens_dev[:B].copy_to_host(self.tokens_host[ring][:B], stream=self.stream)
         if any(k >= 0 for k in num_logprobs):
@@ -270,13 +282,16 @@ class CudaModelRunner(StepRunner):
                 dev[:B].copy_to_host(host[:B], stream=self.stream)
         self.events[ring].record(self.stream)
         self._ring = (ring + 1) % RING
-        return InFlight(ring, self.events[ring], logits_host)
+        return InFlight(ring, self.events[ring], logits_host, spec)
 
     def _collect(self, step: InFlight) -> StepOutput:
         step.event.synchronize()
         elapsed_ms = self.start_events[step.ring].elapsed_time(step.event)
         self.device_seconds += elapsed_ms / 1e3
-        return StepOutput(self.tokens_host[step.ring], self.logprobs_host[step.ring], step.logits)
+        ring, more = step.ring, None
+        if step.spec is not None:
+            more = self.spec_rounds.collect(self, ring, step.spec)
+        return StepOutput(self.tokens_host[ring], self.logprobs_host[ring], step.logits, more)
 
     def _logits(self, flat) -> np.ndarray:
         fields = self._fields(flat, [])
@@ -300,8 +315,9 @@ class CudaModelRunner(StepRunner):
             "logits_rows": flat.logits_rows,
             "sample_rows": flat.sample_rows,
             "sample_slots": [c.slot for c in chunks],
-            "sample_positions": [c.start + c.num_tokens for c in chunks],
+            "sample_positions": first_positions(chunks),
             "sample_masks": np.full(len(chunks), -1, np.int32),
+            "token_drafts": token_drafts(flat, chunks),
         }
 
     def _send_masks(self, masks, B: int) -> np.ndarray:

@@ -47,7 +47,7 @@ def verify_drafts(ops, logits, sample_rows, chunks, tokens, positions, num_logpr
     speculative chunks: round j samples row j of each chunk whose draws so far all equalled
     its drafts. Returns, per sampling chunk, None or (more_ids, more_logprobs): its tokens
     after the first, and their logprobs when the request asked. Rolls the block tables of
-    the speculative chunks back as the scheduler does (_roll_back_blocks)."""
+    the speculative chunks back as the scheduler does (roll_back_blocks)."""
     more = [None] * len(chunks)
     alive = []
     for b, c in enumerate(chunks):
@@ -63,7 +63,7 @@ def verify_drafts(ops, logits, sample_rows, chunks, tokens, positions, num_logpr
             if j <= len(chunks[b].draft_token_ids) and last[b] == chunks[b].draft_token_ids[j - 1]
         ]
         if not alive:
-            _roll_back_blocks(runner, chunks, positions, more)
+            roll_back_blocks(runner, chunks, positions, more)
             return more
         n = len(alive)
         rows = np.ascontiguousarray(logits[[sample_rows[b] + j for b in alive]])
@@ -91,10 +91,11 @@ def verify_drafts(ops, logits, sample_rows, chunks, tokens, positions, num_logpr
         j += 1
 
 
-def _roll_back_blocks(runner, chunks, positions, more) -> None:
+def roll_back_blocks(runner, chunks, positions, more) -> None:
     """A speculative chunk's KV is valid up to the position before its last token; blocks
     past that held only rejected drafts and go back to the pool in the scheduler's update, so
-    the slot's table forgets them here (the next plan appends its new blocks after it)."""
+    the slot's table forgets them here (the next plan appends its new blocks after it).
+    more[b] None: chunk b is left alone."""
     bs = runner.block_size
     for b, c in enumerate(chunks):
         if more[b] is not None:

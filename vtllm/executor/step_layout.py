@@ -139,6 +139,7 @@ def pad_step(fields: dict, tokens: int, seqs: int) -> dict:
     out["sample_slots"] = tail("sample_slots", -1, seqs - b)
     out["sample_positions"] = tail("sample_positions", 0, seqs - b)
     out["sample_masks"] = tail("sample_masks", -1, seqs - b)
+    out["token_drafts"] = np.full(tokens, -1, np.int32)  # steps with drafts run eagerly
     return out
 
 

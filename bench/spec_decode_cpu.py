@@ -50,21 +50,33 @@ def run_set(llm, prompts: list[str], params) -> tuple[float, int, list[list[int]
     return seconds, tokens, outputs
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The options both variants take (bench/spec_decode_gpu.py adds its own)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--limit", type=int, default=0, help="prompts per set (0: all)")
     parser.add_argument("--speculative-config", default=json.dumps(DEFAULT_SPEC))
     parser.add_argument("--json", action="store_true", help="JSON to stdout instead of text")
-    args = parser.parse_args()
+    return parser
 
+
+def main() -> int:
+    return run(arguments(__doc__.splitlines()[0]).parse_args())
+
+
+def run(args, model: str | None = None, **knobs) -> int:
+    """The report of both sets with an LLM of `model` and `knobs` (vtllm.config settings),
+    once without and once with args.speculative_config, sharing the loaded weights."""
     from vtllm import LLM, SamplingParams
 
-    plain = LLM()
-    spec = LLM(loaded_model=plain.loaded, speculative_config=args.speculative_config)
+    plain = LLM(model, **knobs)
+    spec = LLM(
+        model, loaded_model=plain.loaded, speculative_config=args.speculative_config, **knobs
+    )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    report = {"machine": machine(), "max_tokens": args.max_tokens}
+    report = {"machine": machine(), "max_tokens": args.max_tokens, "model": plain.loaded.name}
+    report.update(knobs)
     report["speculative_config"] = json.loads(args.speculative_config)
     for llm in (plain, spec):
         llm.generate(["warm up"], SamplingParams(temperature=0.0, max_tokens=4))

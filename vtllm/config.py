@@ -150,6 +150,15 @@ KNOBS = (
         '"prompt_lookup_max": B}, or {"method": "draft_model", "model": PATH, '
         '"num_speculative_tokens": K} (default: off)',
     ),
+    Knob(
+        "tensor_parallel_size",
+        "int",
+        1,
+        "worker processes the model is split over (llama family, cpu device; "
+        "docs/tensor_parallel.md)",
+        1,
+        64,
+    ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
     Knob(
         "cpu_numerics",
@@ -304,6 +313,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     async_depth: int = 2
     shadow_check_rate: float = 0.0
     speculative_config: str | None = None  # JSON text, checked by parse_speculative_config
+    tensor_parallel_size: int = 1
     cpu_threads: int = 0
     cpu_numerics: str = "exact"
     device: str = "cpu"
@@ -461,7 +471,29 @@ def resolve(
     spec = KNOBS_BY_NAME["speculative_config"]  # a bad one fails here, naming its source
     where = {"cli": spec.flag, "env": spec.env}.get(sources[spec.name], spec.name)
     parse_speculative_config(values[spec.name], where)
+    _check_tensor_parallel(values, sources)
     return EngineConfig(**values), sources
+
+
+def _check_tensor_parallel(values: dict, sources: dict) -> None:
+    """What tensor_parallel_size > 1 cannot run with, refused before a model loads (the model's
+    own limits are checked once it is: models/sharding)."""
+    n = values["tensor_parallel_size"]
+    if n == 1:
+        return
+    refusals = {
+        "device": values["device"] != "cpu" and "runs on the cpu device only for now",
+        "shadow_check_rate": values["shadow_check_rate"] > 0 and "runs without shadow checks",
+        "speculative_config": values["speculative_config"] is not None
+        and "runs without speculative decoding for now",
+    }
+    knob = KNOBS_BY_NAME["tensor_parallel_size"]
+    where = {"cli": knob.flag, "env": knob.env}.get(sources[knob.name], knob.name)
+    for reason in refusals.values():
+        if reason:
+            raise InvalidParameter(
+                f"{where} {n} {reason} (docs/tensor_parallel.md)", param="tensor_parallel_size"
+            )
 
 
 # How --help groups the flags; every knob sits in exactly one group (tests/test_cli.py).
@@ -492,6 +524,7 @@ FLAG_GROUPS = (
             "async_depth",
             "shadow_check_rate",
             "speculative_config",
+            "tensor_parallel_size",
             "engine_iteration_timeout_s",
         ),
     ),

@@ -50,7 +50,10 @@ def build_parts(
     mc = loaded.config
     max_model_len = min(config.max_model_len, mc.max_position_embeddings)
     resident_blocks = 0  # the GPU cache is allocated up front: no cap on what stays cached
-    if config.device == "cuda":
+    if config.tensor_parallel_size > 1:
+        backend, num_blocks = _tp_backend(config, loaded, max_model_len)
+        resident_blocks = _cpu_resident_blocks(config, loaded, max_model_len, num_blocks)
+    elif config.device == "cuda":
         backend_started = time.perf_counter()
         backend, num_blocks = _cuda_backend(config, loaded, max_model_len)
         phases["GPU set-up"] = time.perf_counter() - backend_started
@@ -130,6 +133,25 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
         loaded, ops, kv, max_num_seqs=config.max_num_seqs, max_model_len=max_model_len
     )
     return CpuBackend(runner, threads=threads), num_blocks
+
+
+def _tp_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
+    """N CPU worker processes (executor/tp_backend). The block count is the full model's
+    (the ranks' caches together hold what one process's would), so every rank's table is one."""
+    from vtllm.executor.tp_backend import build_tp_backend
+
+    num_blocks = num_kv_blocks(
+        loaded.config,
+        block_size=config.block_size,
+        budget_bytes=config.kv_cache_memory,
+        fraction=config.kv_cache_fraction,
+        free_bytes=free_host_memory(),
+    )
+    threads = set_cpu_threads(config.cpu_threads)
+    backend = build_tp_backend(
+        config, loaded, max_model_len, num_blocks=num_blocks, threads=threads
+    )
+    return backend, num_blocks
 
 
 def _cpu_resident_blocks(

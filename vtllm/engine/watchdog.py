@@ -5,6 +5,8 @@ holds the GIL), and then no coroutine would ever run to notice. When the step lo
 work but no step completed for `timeout` seconds, the watchdog asks the event loop to declare
 the engine dead (which fails in-flight requests and turns /health to 503); if the event loop
 does not manage that and exit within `grace` seconds, the thread ends the process itself.
+A backend with a `failure` property (executor/tp_backend: a worker process ended) is read on
+the same beat, so a dead worker kills the engine within one period, idle or not.
 Either way the process exits non-zero, so a supervisor restarts it.
 """
 
@@ -39,13 +41,20 @@ class Watchdog:
         period = min(max(self.timeout / 10, 0.05), 1.0)
         while not self._stop.wait(period):
             loop = self.loop
+            if loop.dead is not None:
+                continue
+            # a backend of worker processes (tensor parallelism) says when one has ended,
+            # also while the engine is idle and no step would ever stall
+            reason = getattr(getattr(loop, "backend", None), "failure", None)
+            if reason is not None:
+                break
             stalled = perf_counter() - loop.progress_at
-            if loop.stepping and loop.dead is None and stalled > self.timeout:
+            if loop.stepping and stalled > self.timeout:
+                reason = f"no engine step finished within {self.timeout:g}s"
                 break
         else:
             return
         self.fired = True
-        reason = f"no engine step finished within {self.timeout:g}s"
         log.error("watchdog: %s; failing in-flight requests", reason)
         try:
             self.call_soon_threadsafe(self.on_timeout, reason)

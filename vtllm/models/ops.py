@@ -79,7 +79,8 @@ class Ops(Protocol):
         """One whole layer over h, as the op-by-op loop computes it, bit for bit."""
 
     def embed(self, weight, step: StepInputs) -> Hidden:
-        """Starts a step: its input ids' embedding rows as the residual stream."""
+        """Starts a step: its input ids' embedding rows as the residual stream (a vocab-parallel
+        backend looks up its shard's ids and all-reduces: executor/tp_ops)."""
 
     def rms_norm(self, h: Hidden, weight) -> object:
         """residual += pending; returns rms_norm(residual) * weight (maybe deferred)."""
@@ -91,13 +92,15 @@ class Ops(Protocol):
         """q/k norm (when given), rotary, the KV write and causal attention: [T, q_size]."""
 
     def add_linear(self, x, weight, h: Hidden) -> None:
-        """x @ W.T into the residual stream."""
+        """x @ W.T into the residual stream (a row-parallel W: the ranks' partial products,
+        all-reduced here)."""
 
     def gated_up(self, x, weight) -> object:
         """silu(gate) * up of x @ W.T for a gate/up matrix: [T, intermediate]."""
 
     def lm_head(self, h: Hidden, norm, weight, step: StepInputs) -> object:
-        """Logits [R, vocab] float32 of the step's logits rows, after the final norm."""
+        """Logits [R, vocab] float32 of the step's logits rows, after the final norm (a
+        vocab-parallel backend all-gathers its shards' columns: every rank gets whole rows)."""
 
 
 class GemmaOps(Ops, Protocol):

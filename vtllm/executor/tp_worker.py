@@ -1,0 +1,119 @@
+"""One tensor-parallel rank: a spawned process that loads the model, keeps its shard, and runs
+every StepPlan the engine sends (executor/tp_backend) through a ModelRunner over the sharded
+ops. Every rank samples (the same logits, the same seeds: the same tokens), so each keeps its
+own token mirror; only rank 0 sends the StepResult back.
+
+Wire (one pipe per rank, engine -> worker): b"P" + msgpack StepPlan runs a step, b"Q" ends the
+worker. Worker -> engine: b"R" + 8-byte step seconds + msgpack StepResult (rank 0 only), b"E"
++ text when a step failed, b"K" once ready. SIGINT and SIGTERM are ignored: the engine drains
+and then ends its workers; a worker also ends when the engine's end of its pipe closes.
+"""
+
+import logging
+import signal
+import struct
+import time
+import traceback
+
+import msgspec
+import numpy as np
+
+from vtllm.scheduler.plan import StepPlan, StepResult
+
+log = logging.getLogger("vtllm.engine")
+
+PLAN_DECODER = msgspec.msgpack.Decoder(StepPlan)
+RESULT_ENCODER = msgspec.msgpack.Encoder()
+SECONDS = struct.Struct("<d")
+
+
+def make_runner(model_config, shard, comm, kernels, kv, *, max_num_seqs: int, max_model_len: int):
+    """A ModelRunner whose model runs the rank's shard over ShardedCpuOps; the sampler, the
+    mirror and the slot state are the full model's (full logits reach every rank)."""
+    from vtllm.executor.runner import ModelRunner, StepRunner
+    from vtllm.executor.tp_ops import ShardedCpuOps
+    from vtllm.models.registry import model_class
+
+    class ShardRunner(ModelRunner):
+        def __init__(self):
+            StepRunner.__init__(
+                self,
+                model_config,
+                block_size=kv.block_size,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+            )
+            self.ops, self.kv = kernels, kv
+            model_ops = ShardedCpuOps(kernels, shard, comm, model_config.vocab_size)
+            forward = model_class(model_config.architecture)
+            self.model = forward(shard.config, shard.weights, model_ops, max_model_len + 1)
+            model_ops.bind_kv(kv)
+            self.token_ids = np.zeros((max_num_seqs, max_model_len + 1), np.int32)
+            self.num_tokens = np.zeros(max_num_seqs, np.int32)
+
+    return ShardRunner()
+
+
+def worker_main(rank: int, group, conn, config, num_blocks: int, max_model_len: int, threads: int):
+    """The process's entry (multiprocessing spawn)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        runner = _start(rank, group, config, num_blocks, max_model_len, threads)
+    except Exception:
+        conn.send_bytes(b"E" + traceback.format_exc().encode())
+        raise
+    conn.send_bytes(b"K")
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):  # the engine is gone
+            return
+        if message[:1] == b"Q":
+            return
+        started = time.perf_counter()
+        try:
+            result = runner.execute(PLAN_DECODER.decode(message[1:]))
+        except Exception:
+            conn.send_bytes(b"E" + traceback.format_exc().encode())
+            raise
+        if rank == 0:
+            seconds = SECONDS.pack(time.perf_counter() - started)
+            conn.send_bytes(b"R" + seconds + RESULT_ENCODER.encode(result))
+
+
+def _start(rank, group, config, num_blocks, max_model_len, threads):
+    import numba
+
+    from vtllm.executor.backend import cpu_ops
+    from vtllm.executor.communicator import ShmCommunicator
+    from vtllm.executor.kv_cache import allocate_kv_cache
+    from vtllm.models.loader import load_model
+    from vtllm.models.sharding import shard_weights
+
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    comm = ShmCommunicator(group, rank)
+    loaded = load_model(config.model)
+    shard = shard_weights(loaded.config, loaded.weights, rank, group.world_size)
+    kernels = cpu_ops(config.cpu_numerics)
+    kv = allocate_kv_cache(shard.config, num_blocks, config.block_size)
+    model_config = loaded.config
+    del loaded  # the full weights go: the shard's arrays are copies
+    runner = make_runner(
+        model_config,
+        shard,
+        comm,
+        kernels,
+        kv,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+    )
+    comm.barrier()  # every rank has mapped the shared file: the engine may remove its name
+    return runner
+
+
+def decode_result(message: bytes) -> tuple[float, StepResult]:
+    return SECONDS.unpack_from(message, 1)[0], _RESULT_DECODER.decode(message[1 + SECONDS.size :])
+
+
+_RESULT_DECODER = msgspec.msgpack.Decoder(StepResult)

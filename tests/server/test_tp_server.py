@@ -13,7 +13,6 @@ import pytest
 from tests.server.conftest import start_server
 from vtllm.engine.watchdog import EXIT_ENGINE_DEAD
 
-pytestmark = pytest.mark.slow
 TIMEOUT_S = 5.0
 
 
@@ -58,6 +57,7 @@ def _start():
 
 
 def test_killed_worker_reports_dead_and_exits():
+    """The issue's CI criterion, so not marked slow (about 10 s: one server start)."""
     proc, base, workers = _start()
     try:
         os.kill(workers[1], signal.SIGKILL)
@@ -75,6 +75,7 @@ def test_killed_worker_reports_dead_and_exits():
         proc.kill()
 
 
+@pytest.mark.slow
 def test_sigterm_ends_the_server_and_its_workers():
     proc, _, workers = _start()
     try:

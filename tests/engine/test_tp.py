@@ -77,3 +77,24 @@ def test_cli_refuses_in_one_line_and_exits_2(tmp_path, family):
     assert r.returncode == 2, r.stderr
     errors = [line for line in r.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "tensor" in errors[0], r.stderr
+
+
+def test_workers_load_the_engines_model_and_match_tp1(tmp_path):
+    """A model handed over in memory (LLM(loaded_model=...), no --model): the workers load its
+    file, not the default model; a qwen3 (q/k norm) gives TP=1's greedy tokens at TP=2."""
+    from vtllm.models.loader import load_model
+    from vtllm.models.synthetic import write_checkpoint
+
+    loaded = load_model(write_checkpoint(tmp_path, "tiny-qwen3", seed=5, peaked=True))
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompts = [[5, 9, 17, 3, 44], [7, 7, 100]]
+    tokens = {}
+    for n in (1, 2):
+        llm = LLM(
+            max_model_len=64, kv_cache_memory=4 << 20, tensor_parallel_size=n, loaded_model=loaded
+        )
+        try:
+            tokens[n] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        finally:
+            llm.close()
+    assert tokens[2] == tokens[1]

@@ -39,6 +39,7 @@ class TpBackend:
     def __init__(
         self,
         config,
+        loaded,
         world_size: int,
         *,
         num_blocks: int,
@@ -58,7 +59,10 @@ class TpBackend:
         try:
             for rank in range(world_size):
                 ours, theirs = ctx.Pipe()
-                args = (rank, self._group, theirs, config, num_blocks, max_model_len, per_rank)
+                # the workers load the file the engine loaded (LLM(loaded_model=...) included)
+                model = (str(loaded.path), loaded.config)
+                sizes = (num_blocks, max_model_len, per_rank)
+                args = (rank, self._group, theirs, config, model, *sizes)
                 proc = ctx.Process(target=worker_main, args=args, name=f"vtllm-tp{rank}")
                 proc.daemon = True
                 proc.start()
@@ -188,6 +192,7 @@ def build_tp_backend(config, loaded, max_model_len: int, *, num_blocks: int, thr
     timeout = config.engine_iteration_timeout_s or 600.0
     return TpBackend(
         config,
+        loaded,
         n,
         num_blocks=num_blocks,
         max_model_len=max_model_len,

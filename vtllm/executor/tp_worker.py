@@ -54,12 +54,12 @@ def make_runner(model_config, shard, comm, kernels, kv, *, max_num_seqs: int, ma
     return ShardRunner()
 
 
-def worker_main(rank: int, group, conn, config, num_blocks: int, max_model_len: int, threads: int):
-    """The process's entry (multiprocessing spawn)."""
+def worker_main(rank, group, conn, config, model, num_blocks, max_model_len, threads) -> None:
+    """The process's entry (multiprocessing spawn); model: (path, the engine's ModelConfig)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        runner = _start(rank, group, config, num_blocks, max_model_len, threads)
+        runner = _start(rank, group, config, model, num_blocks, max_model_len, threads)
     except Exception:
         conn.send_bytes(b"E" + traceback.format_exc().encode())
         raise
@@ -82,7 +82,7 @@ def worker_main(rank: int, group, conn, config, num_blocks: int, max_model_len: 
             conn.send_bytes(b"R" + seconds + RESULT_ENCODER.encode(result))
 
 
-def _start(rank, group, config, num_blocks, max_model_len, threads):
+def _start(rank, group, config, model, num_blocks, max_model_len, threads):
     import numba
 
     from vtllm.executor.backend import cpu_ops
@@ -93,7 +93,10 @@ def _start(rank, group, config, num_blocks, max_model_len, threads):
 
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     comm = ShmCommunicator(group, rank)
-    loaded = load_model(config.model)
+    path, engine_config = model
+    loaded = load_model(path)
+    if loaded.config != engine_config:
+        raise RuntimeError(f"{path} did not load as the engine loaded it")
     shard = shard_weights(loaded.config, loaded.weights, rank, group.world_size)
     kernels = cpu_ops(config.cpu_numerics)
     kv = allocate_kv_cache(shard.config, num_blocks, config.block_size)

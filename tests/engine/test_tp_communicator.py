@@ -29,7 +29,7 @@ def _rank_main(group, rank: int, conn) -> None:
 @pytest.fixture(scope="module")
 def results():
     ctx = multiprocessing.get_context("spawn")
-    group = create_shm_group(ctx, WORLD, timeout=60.0, slot_bytes=2048)
+    group = create_shm_group(WORLD, timeout=60.0, slot_bytes=2048)
     pipes = [ctx.Pipe() for _ in range(WORLD)]
     procs = [
         ctx.Process(target=_rank_main, args=(group, r, pipes[r][1]), daemon=True)
@@ -66,7 +66,7 @@ def test_all_gather_stacks_every_rank_in_order(results):
 
 
 def test_all_reduce_refuses_what_it_cannot_sum():
-    group = create_shm_group(multiprocessing.get_context("spawn"), 1, timeout=1.0)
+    group = create_shm_group(1, timeout=1.0)
     try:
         comm = ShmCommunicator(group, 0)
         with pytest.raises(ValueError):

@@ -99,7 +99,6 @@ def test_two_ranks_in_threads_give_tp1_logits(tmp_path, shape):
     """The whole sharded forward (qkv bias, q/k norm) over two ranks in two threads of this
     process (numba lets go of the GIL), teacher-forced against one rank: logits within float32
     rounding, the same argmax, and the same bits on both ranks."""
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from tests.models.runner_util import make_runner, teacher_forced_logits
@@ -113,11 +112,7 @@ def test_two_ranks_in_threads_give_tp1_logits(tmp_path, shape):
     ids = list(np.random.default_rng(4).integers(3, 500, 12))
     expected = teacher_forced_logits(make_runner(loaded), ids, [7, 5])
 
-    class _Threads:  # a group's barrier for threads instead of processes
-        def Barrier(self, n):  # noqa: N802 (multiprocessing's name)
-            return threading.Barrier(n)
-
-    group = create_shm_group(_Threads(), 2, timeout=60.0)
+    group = create_shm_group(2, timeout=60.0)  # its pipes serve threads as well as processes
 
     def rank(r):
         shard = shard_weights(loaded.config, loaded.weights, r, 2)

@@ -38,6 +38,10 @@ def build_parts(
     of each start-up phase by name (load, compile, KV allocation; on cuda, GPU set-up)."""
     phases = {} if phases is None else phases
     spec = config.speculative
+    if config.distributed_executor_backend == "ray":  # a missing extra fails before the load
+        from vtllm.executor.ray_cluster import import_ray
+
+        import_ray()
     started = time.perf_counter()
     loaded = loaded or load_model(config.model)
     phases["load"] = time.perf_counter() - started
@@ -50,7 +54,7 @@ def build_parts(
     mc = loaded.config
     max_model_len = min(config.max_model_len, mc.max_position_embeddings)
     resident_blocks = 0  # the GPU cache is allocated up front: no cap on what stays cached
-    if config.tensor_parallel_size > 1:
+    if config.tensor_parallel_size > 1 or config.distributed_executor_backend == "ray":
         backend, num_blocks = _tp_backend(config, loaded, max_model_len)
         resident_blocks = _cpu_resident_blocks(config, loaded, max_model_len, num_blocks)
     elif config.device == "cuda":
@@ -136,8 +140,9 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
 
 
 def _tp_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
-    """N CPU worker processes (executor/tp_backend). The block count is the full model's
-    (the ranks' caches together hold what one process's would), so every rank's table is one."""
+    """N CPU worker processes or Ray actors (executor/tp_backend, ray_backend). The block
+    count is the full model's (the ranks' caches together hold what one process's would), so
+    every rank's table is one."""
     from vtllm.executor.tp_backend import build_tp_backend
 
     num_blocks = num_kv_blocks(

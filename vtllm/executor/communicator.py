@@ -6,11 +6,16 @@ calls go to NCCL (executor/communicator_nccl). Both promise what the forward rel
 all_reduce every rank holds the same bits (here: the ranks' parts summed in rank order,
 ((p0 + p1) + p2) + ..., by every rank alike), and all_gather stacks the ranks' arrays in rank
 order.
+
+Everything a rank needs to join is a path (the shared file, one named pipe per rank), so the
+ranks may be spawned processes or Ray actors placed on the engine's host alike.
 """
 
 import os
+import select
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,32 +46,82 @@ SLOT_BYTES = 16 << 20
 
 @dataclass(frozen=True, slots=True)
 class ShmGroup:
-    """What a worker needs to join: picklable, passed to each spawned process."""
+    """What a rank needs to join: plain paths and numbers, picklable by multiprocessing and
+    Ray alike."""
 
     path: str  # the shared file: world_size slots of slot_bytes
     world_size: int
     slot_bytes: int
-    barrier: object  # a multiprocessing Barrier(world_size) of the spawn context
-    timeout: float | None  # a barrier wait longer than this breaks the group (a rank died)
+    timeout: float | None  # a barrier wait longer than this fails the rank (a peer died)
+
+    def pipe_path(self, rank: int) -> str:
+        return f"{self.path}.{rank}"
 
 
-def create_shm_group(ctx, world_size: int, *, timeout: float | None, slot_bytes=SLOT_BYTES):
-    """The engine's side: the file and the barrier, before the workers start. The caller
-    removes the file (remove_shm_group) once every rank has mapped it, or at close."""
+def create_shm_group(world_size: int, *, timeout: float | None, slot_bytes=SLOT_BYTES):
+    """The engine's side: the file and the ranks' pipes, before the workers start. The caller
+    removes them (remove_shm_group) once every rank has opened them, or at close."""
+    if world_size > 256:
+        raise ValueError("a barrier token is one byte: 256 ranks at most")
     where = "/dev/shm" if os.path.isdir("/dev/shm") else None
     fd, path = tempfile.mkstemp(prefix="vtllm-tp-", dir=where)
     try:
         os.ftruncate(fd, world_size * slot_bytes)
     finally:
         os.close(fd)
-    return ShmGroup(path, world_size, slot_bytes, ctx.Barrier(world_size), timeout)
+    group = ShmGroup(path, world_size, slot_bytes, timeout)
+    for rank in range(world_size):
+        os.mkfifo(group.pipe_path(rank), 0o600)
+    return group
 
 
 def remove_shm_group(group: ShmGroup) -> None:
-    try:
-        os.unlink(group.path)
-    except FileNotFoundError:
-        pass
+    for path in (group.path, *(group.pipe_path(r) for r in range(group.world_size))):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class PipeBarrier:
+    """A barrier over one named pipe per rank. At its k-th wait a rank writes its rank number
+    (one byte) into every other rank's pipe, then reads its own until every other rank has
+    arrived k times. Tokens are counted per sender, so a peer already at wait k + 1 is not
+    mistaken for a late one at k. The kernel's pipe orders a rank's slot writes before its
+    token against the reader's slot reads after it, on any CPU."""
+
+    def __init__(self, group: ShmGroup, rank: int):
+        self.timeout = group.timeout
+        # O_RDWR: opening a FIFO this way never blocks on Linux, whoever else has it open yet
+        self._own = os.open(group.pipe_path(rank), os.O_RDWR | os.O_NONBLOCK)
+        self._peers = [
+            os.open(group.pipe_path(r), os.O_RDWR) for r in range(group.world_size) if r != rank
+        ]
+        self._others = [r for r in range(group.world_size) if r != rank]
+        self._arrived = [0] * group.world_size
+        self._token = bytes([rank])
+        self._waits = 0
+
+    def wait(self) -> None:
+        self._waits += 1
+        for fd in self._peers:
+            os.write(fd, self._token)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while any(self._arrived[r] < self._waits for r in self._others):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._own], [], [], left)[0]:
+                raise TimeoutError(f"a tensor-parallel peer missed a barrier for {self.timeout}s")
+            try:
+                tokens = os.read(self._own, 4096)
+            except BlockingIOError:
+                continue
+            for sender in tokens:
+                self._arrived[sender] += 1
+
+    def close(self) -> None:
+        for fd in (self._own, *self._peers):
+            os.close(fd)
+        self._peers = []
 
 
 class ShmCommunicator:
@@ -79,10 +134,11 @@ class ShmCommunicator:
         self._map = np.memmap(
             group.path, np.uint8, "r+", shape=(group.world_size, group.slot_bytes)
         )
+        self._barrier = PipeBarrier(group, rank)
         self._lock = threading.Lock()  # collectives of one rank never interleave
 
     def barrier(self) -> None:
-        self.group.barrier.wait(self.group.timeout)
+        self._barrier.wait()
 
     def all_reduce(self, x: np.ndarray) -> None:
         if x.dtype != np.float32 or not x.flags.c_contiguous:
@@ -119,3 +175,4 @@ class ShmCommunicator:
 
     def close(self) -> None:
         self._map = None
+        self._barrier.close()

@@ -53,7 +53,7 @@ class TpBackend:
         self.launch_seconds = 0.0  # a launch only queues the plan, as on CpuBackend
         self._device_seconds = 0.0
         self._closing = False
-        self._group = create_shm_group(ctx, world_size, timeout=collective_timeout)
+        self._group = create_shm_group(world_size, timeout=collective_timeout)
         self._conns, self._procs = [], []
         per_rank = max(1, threads // world_size)
         try:
@@ -175,9 +175,9 @@ class TpBackend:
 
 
 def build_tp_backend(config, loaded, max_model_len: int, *, num_blocks: int, threads: int):
-    """The backend of --tensor-parallel-size N > 1; a user error (one line) where it cannot
-    run: another device (config.resolve refuses the other conflicts), a model that does not
-    split."""
+    """The backend of --tensor-parallel-size N > 1 (processes, or Ray actors: then N may be
+    1); a user error (one line) where it cannot run: another device (config.resolve refuses
+    the other conflicts), a model that does not split."""
     from vtllm.errors import InvalidParameter
     from vtllm.models.sharding import check_weights
 
@@ -189,6 +189,12 @@ def build_tp_backend(config, loaded, max_model_len: int, *, num_blocks: int, thr
             param="tensor_parallel_size",
         )
     check_weights(loaded.config, loaded.weights, n)
+    if config.distributed_executor_backend == "ray":
+        from vtllm.executor.ray_backend import build_ray_backend
+
+        return build_ray_backend(
+            config, loaded, num_blocks=num_blocks, max_model_len=max_model_len, threads=threads
+        )
     timeout = config.engine_iteration_timeout_s or 600.0
     return TpBackend(
         config,

@@ -1,7 +1,10 @@
-"""One tensor-parallel rank: a spawned process that loads the model, keeps its shard, and runs
-every StepPlan the engine sends (executor/tp_backend) through a ModelRunner over the sharded
-ops. Every rank samples (the same logits, the same seeds: the same tokens), so each keeps its
-own token mirror; only rank 0 sends the StepResult back.
+"""One tensor-parallel rank: a process that loads the model, keeps its shard, and runs every
+StepPlan the engine sends through a ModelRunner over the sharded ops. Every rank samples (the
+same logits, the same seeds: the same tokens), so each keeps its own token mirror; only rank 0
+sends the StepResult back.
+
+start_rank and execute are the rank, whatever carries its messages: a spawned process fed
+over a pipe (worker_main, executor/tp_backend) or a Ray actor (executor/ray_backend).
 
 Wire (one pipe per rank, engine -> worker): b"P" + msgpack StepPlan runs a step, b"Q" ends the
 worker. Worker -> engine: b"R" + 8-byte step seconds + msgpack StepResult (rank 0 only), b"E"
@@ -59,7 +62,7 @@ def worker_main(rank, group, conn, config, model, num_blocks, max_model_len, thr
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        runner = _start(rank, group, config, model, num_blocks, max_model_len, threads)
+        runner = start_rank(rank, group, config, model, num_blocks, max_model_len, threads)
     except Exception:
         conn.send_bytes(b"E" + traceback.format_exc().encode())
         raise
@@ -71,18 +74,26 @@ def worker_main(rank, group, conn, config, model, num_blocks, max_model_len, thr
             return
         if message[:1] == b"Q":
             return
-        started = time.perf_counter()
         try:
-            result = runner.execute(PLAN_DECODER.decode(message[1:]))
+            reply = execute(runner, rank, message)
         except Exception:
             conn.send_bytes(b"E" + traceback.format_exc().encode())
             raise
-        if rank == 0:
-            seconds = SECONDS.pack(time.perf_counter() - started)
-            conn.send_bytes(b"R" + seconds + RESULT_ENCODER.encode(result))
+        if reply is not None:
+            conn.send_bytes(reply)
 
 
-def _start(rank, group, config, model, num_blocks, max_model_len, threads):
+def execute(runner, rank: int, message: bytes) -> bytes | None:
+    """Runs one b"P" message's plan; rank 0's reply (b"R" + seconds + StepResult), else None."""
+    started = time.perf_counter()
+    result = runner.execute(PLAN_DECODER.decode(message[1:]))
+    if rank != 0:
+        return None
+    return b"R" + SECONDS.pack(time.perf_counter() - started) + RESULT_ENCODER.encode(result)
+
+
+def start_rank(rank, group, config, model, num_blocks, max_model_len, threads):
+    """Loads the model, keeps the rank's shard and joins the group; the rank's runner."""
     import numba
 
     from vtllm.executor.backend import cpu_ops

@@ -167,6 +167,15 @@ KNOBS = (
         "a Ray cluster: RAY_ADDRESS, else a local one; pip install 'vtllm[ray]')",
         choices=("mp", "ray"),
     ),
+    Knob(
+        "data_parallel_size",
+        "int",
+        1,
+        "engine replicas behind the one endpoint, each request to the least-loaded "
+        "(serve only; docs/tensor_parallel.md)",
+        1,
+        64,
+    ),
     Knob("cpu_threads", "int", 0, "numba threads on the CPU backend (0: all cores)", 0, 1024),
     Knob(
         "cpu_numerics",
@@ -323,6 +332,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     speculative_config: str | None = None  # JSON text, checked by parse_speculative_config
     tensor_parallel_size: int = 1
     distributed_executor_backend: str = "mp"
+    data_parallel_size: int = 1
     cpu_threads: int = 0
     cpu_numerics: str = "exact"
     device: str = "cpu"
@@ -535,6 +545,7 @@ FLAG_GROUPS = (
             "speculative_config",
             "tensor_parallel_size",
             "distributed_executor_backend",
+            "data_parallel_size",
             "engine_iteration_timeout_s",
         ),
     ),

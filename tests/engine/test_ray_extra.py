@@ -4,7 +4,9 @@ any model loads (make test runs without Ray; the Ray tests live in tests/distrib
 import subprocess
 import sys
 
-HIDE_RAY = "import sys; sys.modules['ray'] = None; from vtllm.__main__ import main; sys.exit(main())"
+HIDE_RAY = (
+    "import sys; sys.modules['ray'] = None; from vtllm.__main__ import main; sys.exit(main())"
+)
 
 
 def test_missing_ray_extra_is_one_line_and_exit_2():

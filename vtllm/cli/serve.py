@@ -19,12 +19,20 @@ log = logging.getLogger("vtllm.server")
 
 
 def run_serve(args) -> int:
+    _, engine_config = cli_settings(args)
+    if engine_config.data_parallel_size > 1:  # replica servers behind a router
+        from vtllm.cli.data_parallel import run_data_parallel
+
+        return run_data_parallel(engine_config)
+    return serve_config(engine_config, getattr(args, "started", None))
+
+
+def serve_config(engine_config, started=None) -> int:
     signal.signal(signal.SIGTERM, _end_the_start)
     from vtllm.cli.warmup import StartupClock
     from vtllm.server.engine import build_state, serve
 
-    _, engine_config = cli_settings(args)
-    clock = StartupClock(engine_config, getattr(args, "started", None))
+    clock = StartupClock(engine_config, started)
     clock.listen()
     try:
         state = build_state(engine_config, phases=clock.phases)
@@ -75,6 +83,10 @@ async def _warm_then_serve(state, serve, clock) -> None:
         await warm_up(state, clock)
     finally:
         clock.stop_listening()
+    if state.config.device == "cpu":
+        from vtllm.executor.host_memory import release_start_pages
+
+        release_start_pages("warm-up done")  # what the warm-up's first calls linked
     # Everything made so far (the model, tokenizer, kernels, graphs) lives as long as the
     # server: out of the collector's sight, a full collection stops walking ~130k objects.
     # Each such pass would hold the event loop, and with it every stream and the step loop.

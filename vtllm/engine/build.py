@@ -38,6 +38,11 @@ def build_parts(
     of each start-up phase by name (load, compile, KV allocation; on cuda, GPU set-up)."""
     phases = {} if phases is None else phases
     spec = config.speculative
+    if config.data_parallel_size > 1:  # the replicas are whole servers (cli/data_parallel)
+        raise InvalidParameter(
+            f"data_parallel_size {config.data_parallel_size} runs under `vtllm serve` only",
+            param="data_parallel_size",
+        )
     if config.distributed_executor_backend == "ray":  # a missing extra fails before the load
         from vtllm.executor.ray_cluster import import_ray
 

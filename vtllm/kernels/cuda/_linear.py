@@ -10,6 +10,9 @@ end. A block whose rows of x are a single one (decode at batch 1) runs a one-row
   block-quantized W (Q4_0 / Q4_1 / Q8_0, rows read as uint16 words): four lanes share a
       32-weight block, each decoding 8 weights, so a warp covers 8 consecutive blocks and its
       x reads are contiguous.
+Bits: every product is added with a pinned fused multiply-add (fma32), in one fixed order per
+accumulator, so a row of x gets the same bits from the one-row loop and the four-row loop
+(PTX's plain mul.f32 / add.f32 leave ptxas free to contract them differently in each).
 W is read once per MT rows of x: fine for decode batches, slow for prefill; bf16 weights
 take the tensor-core path instead (_linear_mma, _gemm_mma). Rows past N or M are computed on
 clamped indices and dropped, so every warp takes part in the reduction.
@@ -34,6 +37,7 @@ from vtllm.kernels.cuda._device import (
     bf16_to_f32,
     f16_to_f32,
     float_weight,
+    fma32,
     imin,
     warp_sum4,
 )
@@ -71,23 +75,29 @@ def _half(word, e, qt):
 
 
 @cuda.jit(device=True)
+def _dot(a, x, r, k, w0, w1):
+    """a advanced by x[r, k] w0, then x[r, k + 1] w1: pinned fmas (the module docstring)."""
+    return fma32(x[r, k + 1], w1, fma32(x[r, k], w0, a))
+
+
+@cuda.jit(device=True)
 def _word(x, x0, x1, x2, x3, one, word, k, qt, a0, a1, a2, a3):
     """Accumulators advanced by the 2 (F32) or 4 (F16 / BF16) weights of word, columns k..."""
     if qt == F32:
         w0 = as_f32(word & _MASK32)
         w1 = as_f32(word >> _U32)
-        a0 += x[x0, k] * w0 + x[x0, k + 1] * w1
+        a0 = _dot(a0, x, x0, k, w0, w1)
         if not one:
-            a1 += x[x1, k] * w0 + x[x1, k + 1] * w1
-            a2 += x[x2, k] * w0 + x[x2, k + 1] * w1
-            a3 += x[x3, k] * w0 + x[x3, k + 1] * w1
+            a1 = _dot(a1, x, x1, k, w0, w1)
+            a2 = _dot(a2, x, x2, k, w0, w1)
+            a3 = _dot(a3, x, x3, k, w0, w1)
         return a0, a1, a2, a3
     w0, w1, w2, w3 = _half(word, 0, qt), _half(word, 1, qt), _half(word, 2, qt), _half(word, 3, qt)
-    a0 += x[x0, k] * w0 + x[x0, k + 1] * w1 + x[x0, k + 2] * w2 + x[x0, k + 3] * w3
+    a0 = _dot(_dot(a0, x, x0, k, w0, w1), x, x0, k + 2, w2, w3)
     if not one:
-        a1 += x[x1, k] * w0 + x[x1, k + 1] * w1 + x[x1, k + 2] * w2 + x[x1, k + 3] * w3
-        a2 += x[x2, k] * w0 + x[x2, k + 1] * w1 + x[x2, k + 2] * w2 + x[x2, k + 3] * w3
-        a3 += x[x3, k] * w0 + x[x3, k + 1] * w1 + x[x3, k + 2] * w2 + x[x3, k + 3] * w3
+        a1 = _dot(_dot(a1, x, x1, k, w0, w1), x, x1, k + 2, w2, w3)
+        a2 = _dot(_dot(a2, x, x2, k, w0, w1), x, x2, k + 2, w2, w3)
+        a3 = _dot(_dot(a3, x, x3, k, w0, w1), x, x3, k + 2, w2, w3)
     return a0, a1, a2, a3
 
 
@@ -117,6 +127,13 @@ def _linear_vec_kernel(x, w, qt, bias, has_bias, out):
     _finish(out, bias, has_bias, n, m0, M, N, lane, a0, a1, a2, a3)
 
 
+@cuda.jit(device=True)
+def _strided4(a, x, r, k, w0, w1, w2, w3):
+    """a advanced by the weights of columns k, k + 32, k + 64, k + 96 of x's row r."""
+    a = fma32(x[r, k + 32], w1, fma32(x[r, k], w0, a))
+    return fma32(x[r, k + 96], w3, fma32(x[r, k + 64], w2, a))
+
+
 @cuda.jit(cache=True)
 def _linear_float_kernel(x, w, qt, bias, has_bias, out):
     grid_dependency_sync()
@@ -134,17 +151,17 @@ def _linear_float_kernel(x, w, qt, bias, has_bias, out):
         w1 = float_weight(w, r, k + 32, qt)
         w2 = float_weight(w, r, k + 64, qt)
         w3 = float_weight(w, r, k + 96, qt)
-        a0 += x[x0, k] * w0 + x[x0, k + 32] * w1 + x[x0, k + 64] * w2 + x[x0, k + 96] * w3
-        a1 += x[x1, k] * w0 + x[x1, k + 32] * w1 + x[x1, k + 64] * w2 + x[x1, k + 96] * w3
-        a2 += x[x2, k] * w0 + x[x2, k + 32] * w1 + x[x2, k + 64] * w2 + x[x2, k + 96] * w3
-        a3 += x[x3, k] * w0 + x[x3, k + 32] * w1 + x[x3, k + 64] * w2 + x[x3, k + 96] * w3
+        a0 = _strided4(a0, x, x0, k, w0, w1, w2, w3)
+        a1 = _strided4(a1, x, x1, k, w0, w1, w2, w3)
+        a2 = _strided4(a2, x, x2, k, w0, w1, w2, w3)
+        a3 = _strided4(a3, x, x3, k, w0, w1, w2, w3)
         k += 128
     while k < K:
         wv = float_weight(w, r, k, qt)
-        a0 += x[x0, k] * wv
-        a1 += x[x1, k] * wv
-        a2 += x[x2, k] * wv
-        a3 += x[x3, k] * wv
+        a0 = fma32(x[x0, k], wv, a0)
+        a1 = fma32(x[x1, k], wv, a1)
+        a2 = fma32(x[x2, k], wv, a2)
+        a3 = fma32(x[x3, k], wv, a3)
         k += 32
     _finish(out, bias, has_bias, n, m0, M, N, lane, a0, a1, a2, a3)
 
@@ -160,14 +177,14 @@ def _q4_word(x, x0, x1, x2, x3, one, word, c, j, d, mn, qt, a0, a1, a2, a3):
             wl = d * (lo - np.float32(8.0))
             wh = d * (hi - np.float32(8.0))
         else:
-            wl = d * lo + mn
-            wh = d * hi + mn
+            wl = fma32(d, lo, mn)
+            wh = fma32(d, hi, mn)
         k = c + j + i
-        a0 += x[x0, k] * wl + x[x0, k + 16] * wh
+        a0 = fma32(x[x0, k + 16], wh, fma32(x[x0, k], wl, a0))
         if not one:
-            a1 += x[x1, k] * wl + x[x1, k + 16] * wh
-            a2 += x[x2, k] * wl + x[x2, k + 16] * wh
-            a3 += x[x3, k] * wl + x[x3, k + 16] * wh
+            a1 = fma32(x[x1, k + 16], wh, fma32(x[x1, k], wl, a1))
+            a2 = fma32(x[x2, k + 16], wh, fma32(x[x2, k], wl, a2))
+            a3 = fma32(x[x3, k + 16], wh, fma32(x[x3, k], wl, a3))
     return a0, a1, a2, a3
 
 
@@ -177,11 +194,11 @@ def _q8_word(x, x0, x1, x2, x3, one, word, k, d, a0, a1, a2, a3):
     for i in range(2):
         q = (word >> (8 * i)) & 0xFF
         wv = d * np.float32(q - 256 if q > 127 else q)
-        a0 += x[x0, k + i] * wv
+        a0 = fma32(x[x0, k + i], wv, a0)
         if not one:
-            a1 += x[x1, k + i] * wv
-            a2 += x[x2, k + i] * wv
-            a3 += x[x3, k + i] * wv
+            a1 = fma32(x[x1, k + i], wv, a1)
+            a2 = fma32(x[x2, k + i], wv, a2)
+            a3 = fma32(x[x3, k + i], wv, a3)
     return a0, a1, a2, a3
 
 
@@ -243,7 +260,7 @@ def linear(x, w, qtype, out, *, bias=None, col0=0, stream=0) -> None:
         if bias is not None:
             check("linear", "bias", bias, np.float32, 1, (out.shape[1],))
         if m and n:
-            linear_kquant(x, wv, qt, out, bias, col0, stream)
+            linear_kquant(x, w, qt, out, bias, col0, stream)
         return
     if col0:
         raise ValueError(f"linear: col0 needs a K-quant or Q5 weight, got {QType(qt).name}")

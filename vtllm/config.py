@@ -371,6 +371,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         return tuple((self.served_model_name or "").replace(",", " ").split())
 
 
+SPEC_DISABLE_BY_BATCH_SIZE = 8
+
+
 class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
     """--speculative-config, checked: k proposals per step, by n-gram prompt lookup or by a
     draft model (a checkpoint path) of the target's vocabulary."""
@@ -380,11 +383,19 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
     model: str | None = None  # draft_model's checkpoint
+    # no drafts while this many requests run (vLLM's rule; docs/speculative_decoding.md)
+    disable_by_batch_size: int = SPEC_DISABLE_BY_BATCH_SIZE
 
 
 _SPEC_FIELDS = {
-    "ngram": ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"),
-    "draft_model": ("method", "num_speculative_tokens", "model"),
+    "ngram": (
+        "method",
+        "num_speculative_tokens",
+        "prompt_lookup_min",
+        "prompt_lookup_max",
+        "disable_by_batch_size",
+    ),
+    "draft_model": ("method", "num_speculative_tokens", "model", "disable_by_batch_size"),
 }
 
 
@@ -413,7 +424,7 @@ def parse_speculative_config(
     if unknown:
         fail(f"unknown field {unknown[0]!r} for method {method} (known: {', '.join(known)})")
     sizes = {}
-    for field in _SPEC_FIELDS["ngram"][1:]:
+    for field in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
         value = raw.get(field)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             fail(f"{field} must be an integer (got {value!r})")
@@ -421,11 +432,16 @@ def parse_speculative_config(
     k, lo, hi = sizes.values()
     if k is None or k < 1:
         fail(f"num_speculative_tokens must be an integer >= 1 (got {k!r})")
+    disable = raw.get("disable_by_batch_size", SPEC_DISABLE_BY_BATCH_SIZE)
+    if not isinstance(disable, int) or isinstance(disable, bool) or disable < 1:
+        fail(f"disable_by_batch_size must be an integer >= 1 (got {disable!r})")
     if method == "draft_model":
         model = raw.get("model")
         if not isinstance(model, str) or not model.strip():
             fail(f"model must name the draft model's checkpoint (got {model!r})")
-        return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model)
+        return SpeculativeConfig(
+            method=method, num_speculative_tokens=k, model=model, disable_by_batch_size=disable
+        )
     if lo is None and hi is None:
         lo = hi = 5
     lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
@@ -434,7 +450,11 @@ def parse_speculative_config(
     if lo > hi:
         fail(f"prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
     return SpeculativeConfig(
-        method=method, num_speculative_tokens=k, prompt_lookup_min=lo, prompt_lookup_max=hi
+        method=method,
+        num_speculative_tokens=k,
+        prompt_lookup_min=lo,
+        prompt_lookup_max=hi,
+        disable_by_batch_size=disable,
     )
 
 

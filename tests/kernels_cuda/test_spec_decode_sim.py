@@ -3,8 +3,9 @@
 A tiny Qwen3 with heads of a whole warp (one-token steps rotate inside attention, a chunk
 with drafts runs qkv_rope and the split / ring kernels): one request driven as the scheduler
 drives it, with drafts right and wrong, emits the tokens and logprobs (to the bit) of
-one-token steps, its block table rolled back after a rejection; a row of a chunk with drafts
-has its one-row decode logits, bit for bit; and the verification kernels against numpy.
+one-token steps, its block table rolled back after a rejection, eagerly and through the
+graphed path; a row of a chunk with drafts has its one-row decode logits, bit for bit; and the
+verification kernels against numpy.
 Each simulated forward costs seconds of CPU: the runner cases share one reference run.
 """
 
@@ -33,7 +34,8 @@ def loaded(tmp_path_factory):
     return load_model(path)
 
 
-def _runner(loaded):
+def _runner(loaded, graphs: bool = False):
+    """graphs: the graphed path, each graph replaying its launches eagerly (EagerGraph)."""
     from vtllm.executor.cuda_runner import CudaModelRunner
 
     return CudaModelRunner(
@@ -41,11 +43,29 @@ def _runner(loaded):
         block_size=BLOCK,
         max_num_seqs=2,
         max_model_len=32,
-        max_num_batched_tokens=16,
+        max_num_batched_tokens=8 if graphs else 16,  # graphed: the prompt pads to 8 rows
         kv_cache_memory=1 << 20,
         kv_cache_fraction=0.0,
-        use_graphs=False,  # capture needs the driver API, which the simulator lacks
+        use_graphs=graphs,
+        speculative_tokens=3,
+        speculative_max_batch=2,
     )
+
+
+class EagerGraph:
+    """Stands in for a captured graph where capture needs the driver API, which the
+    simulator lacks: a replay runs the recorded launches eagerly. What a graphed step adds
+    on the host (its key, the padded metadata, k rounds whatever the drafts) runs as on a
+    card; tests/gpu/test_spec_cuda.py replays real graphs."""
+
+    def __init__(self, stream, record, *, programmatic: bool = False):
+        self.record = record
+
+    def replay(self) -> None:
+        self.record()
+
+    def close(self) -> None:
+        pass
 
 
 def _bits(a) -> np.ndarray:
@@ -106,6 +126,26 @@ def test_tokens_equal_one_token_steps_with_drafts_right_and_wrong(loaded, refere
         np.testing.assert_array_equal(_bits(a.top_logprobs), _bits(b.top_logprobs))
 
 
+def test_graphed_steps_with_fewer_drafts_than_rounds(loaded, reference, monkeypatch):
+    """The graphed path (graphs of 3 rounds): a step with two drafts (the first right), then
+    one with two right drafts, whose last round draws nothing, padded into the graph of one
+    sequence: the one-token steps' tokens and logprobs to the bit."""
+    from vtllm.executor import cuda_graph_steps
+
+    monkeypatch.setattr(cuda_graph_steps, "CudaGraph", EagerGraph)
+    _, ref, ref_lps = reference
+    shapes = iter([[ref[1], (ref[2] + 1) % VOCAB], [ref[3], ref[4]]])
+    runner = _runner(loaded, graphs=True)
+    got, got_lps = _drive(runner, lambda _: next(shapes))
+    assert got == ref
+    for a, b in zip(got_lps, ref_lps, strict=True):
+        assert (a.token_id, a.rank, a.top_ids) == (b.token_id, b.rank, b.top_ids)
+        assert _bits(a.logprob) == _bits(b.logprob)
+    assert runner.spec_buckets == [1, 2]
+    assert set(runner.graphs) == {8, (1, 3)}  # the prompt's, the drafts'
+    assert runner.spec_rounds.tokens_host[2][2, 0] == -1  # step 2's third round drew nothing
+
+
 def test_rows_with_drafts_have_their_one_row_decode_bits(reference):
     """Four rows (the last token and three drafts) over positions the reference computed:
     the last row's logits are the one-row step's at its position, bit for bit (four rows take
@@ -155,16 +195,17 @@ def test_kernels_match_numpy(rng):
     np.testing.assert_array_equal(mirror_dev.copy_to_host(), want)
 
     logits_rows = cuda.to_device(np.array([0, 1, 2, 3, 4, 5, 6, 7], np.int32))
-    sample_rows = cuda.to_device(np.array([0, 1, 5, 0], np.int32))
-    sample_slots = cuda.to_device(np.array([2, 0, 1, -1], np.int32))
-    sample_positions = cuda.to_device(np.array([7, 5, 10, 0], np.int32))
-    outs = [cuda.device_array(4, np.int32) for _ in range(3)]
+    # the last sample pads a graph's step (row -1): never drawn, whatever its previous draw
+    sample_rows = cuda.to_device(np.array([0, 1, 5, 0, -1], np.int32))
+    sample_slots = cuda.to_device(np.array([2, 0, 1, -1, -1], np.int32))
+    sample_positions = cuda.to_device(np.array([7, 5, 10, 0, 0], np.int32))
+    outs = [cuda.device_array(5, np.int32) for _ in range(3)]
     cases = [  # (round, previous draws, slots, rows)
-        (1, [9, 60, 70, -1], [-1, 0, 1, -1], [-1, 2, 6, -1]),
-        (1, [9, 61, 71, -1], [-1, -1, -1, -1], [-1, -1, -1, -1]),
-        (2, [9, 61, 71, -1], [-1, 0, 1, -1], [-1, 3, 7, -1]),
-        (3, [9, 62, 5, -1], [-1, 0, -1, -1], [-1, 4, -1, -1]),
-        (4, [9, 63, 5, -1], [-1, -1, -1, -1], [-1, -1, -1, -1]),  # past slot 0's drafts
+        (1, [9, 60, 70, -1, 60], [-1, 0, 1, -1, -1], [-1, 2, 6, -1, -1]),
+        (1, [9, 61, 71, -1, -1], [-1, -1, -1, -1, -1], [-1, -1, -1, -1, -1]),
+        (2, [9, 61, 71, -1, 61], [-1, 0, 1, -1, -1], [-1, 3, 7, -1, -1]),
+        (3, [9, 62, 5, -1, 62], [-1, 0, -1, -1, -1], [-1, 4, -1, -1, -1]),
+        (4, [9, 63, 5, -1, -1], [-1, -1, -1, -1, -1], [-1, -1, -1, -1, -1]),  # past slot 0's
     ]
     for j, prev, want_slots, want_rows in cases:
         next_round(
@@ -178,7 +219,7 @@ def test_kernels_match_numpy(rng):
             *outs,
         )
         assert outs[0].copy_to_host().tolist() == want_slots, j
-        assert outs[1].copy_to_host().tolist() == [7 + j, 5 + j, 10 + j, j]
+        assert outs[1].copy_to_host().tolist() == [7 + j, 5 + j, 10 + j, j, j]
         assert outs[2].copy_to_host().tolist() == want_rows, j
     with pytest.raises(ValueError, match="round 0"):
         next_round(

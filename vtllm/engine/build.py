@@ -97,6 +97,7 @@ def build_parts(
             num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
             prompt_lookup_min=spec.prompt_lookup_min if spec else 1,
             prompt_lookup_max=spec.prompt_lookup_max if spec else 1,
+            speculative_disable_by_batch_size=spec.disable_by_batch_size if spec else 0,
         ),
         proposer,
     )
@@ -190,6 +191,8 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             "shadow checks run on the CPU backend only", param="shadow_check_rate"
         )
 
+    spec = config.speculative
+
     def make_runner():
         started = time.perf_counter()
         runner = CudaModelRunner(
@@ -207,15 +210,19 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             cuda_prefill_gemm=config.cuda_prefill_gemm,
             kv_cache_dtype=resolved_dtype(config.kv_cache_dtype, "cuda"),
             matmul_input_dtype=resolved_dtype(config.matmul_input_dtype, "cuda"),
+            speculative_tokens=spec.num_speculative_tokens if spec else 0,
+            speculative_max_batch=spec.disable_by_batch_size - 1 if spec else 0,
         )
         if config.cuda_graphs:
             from tqdm import tqdm
 
-            with tqdm(total=len(runner.buckets), desc="CUDA graphs", leave=False) as bar:
-                runner.capture_all(progress=lambda _bucket: bar.update(1))
+            with tqdm(total=len(runner.graph_keys), desc="CUDA graphs", leave=False) as bar:
+                runner.capture_all(progress=lambda _key: bar.update(1))
             log.info(
-                "CUDA graphs captured for steps of %s tokens in %.1fs",
+                "CUDA graphs captured for steps of %s tokens, and with drafts of %s sequences, "
+                "in %.1fs",
                 runner.buckets,
+                runner.spec_buckets,
                 time.perf_counter() - started,
             )
         return runner

@@ -22,14 +22,22 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
+from vtllm.executor.cuda_graph_steps import (
+    GraphedSteps,
+    graph_rounds,
+    graph_shape,
+    pad_graph_step,
+    spec_graph_buckets,
+)
 from vtllm.executor.cuda_graphs import CudaGraph, free_device_memory
 from vtllm.executor.cuda_knobs import SPLIT_SCRATCH_BYTES, attention_split_rows, check_knobs
 from vtllm.executor.cuda_ops import CudaOps
-from vtllm.executor.cuda_speculative import SpeculativeRounds, first_positions, token_drafts
+from vtllm.executor.cuda_speculative import SpeculativeRounds, first_positions
 from vtllm.executor.kv_cache import num_kv_blocks
 from vtllm.executor.runner import StepOutput, StepRunner
+from vtllm.executor.speculative import token_drafts
 from vtllm.executor.staging import PromptStaging, StagedSamplingTable
-from vtllm.executor.step_layout import graph_buckets, graph_counts, pad_step
+from vtllm.executor.step_layout import graph_buckets
 from vtllm.kernels import cuda as ops
 from vtllm.kernels.cuda import GRID_DEPENDENCY, KV_DTYPES
 from vtllm.kernels.cuda.gather import gather_rows
@@ -68,7 +76,7 @@ class InFlight:
     spec: tuple | None = None  # speculative steps: (sampling chunks, logprobs wanted, seats)
 
 
-class CudaModelRunner(StepRunner):
+class CudaModelRunner(GraphedSteps, StepRunner):
     def __init__(
         self,
         loaded: LoadedModel,
@@ -86,6 +94,8 @@ class CudaModelRunner(StepRunner):
         split_attention_rows: int = 0,
         cuda_flash_prefill: bool = False,
         cuda_prefill_gemm: str = "mma",
+        speculative_tokens: int = 0,
+        speculative_max_batch: int = 0,
     ):
         check_cuda(loaded.config.architecture)  # families whose ops are CPU-only so far
         check_knobs(kv_cache_dtype, matmul_input_dtype, cuda_flash_prefill, cuda_prefill_gemm)
@@ -139,7 +149,7 @@ class CudaModelRunner(StepRunner):
             for _ in range(RING)
         ]
         self.events = [cuda.event() for _ in range(RING)]
-        self.spec_rounds = SpeculativeRounds(S, RING, s)
+        self.spec_rounds = SpeculativeRounds(S, RING, s, speculative_tokens)
         self.slot_seats = np.zeros(S, np.int64)  # requests seated in each slot so far
         # each step's device work lies between its start event and its event: their elapsed
         # times add up to device_seconds (the metadata copy before the start event is not
@@ -151,8 +161,14 @@ class CudaModelRunner(StepRunner):
         self.use_graphs = use_graphs
         # graphs' kernel edges programmatic (executor/cuda_graphs) where the kernels allow it
         self.programmatic_graphs = cuda_pdl and GRID_DEPENDENCY
-        self.graphs: dict[int, CudaGraph] = {}
+        # plain steps by token bucket; steps with drafts by (sequence bucket, rounds)
+        self.graphs: dict[int | tuple[int, int], CudaGraph] = {}
         self.buckets = graph_buckets(max_num_seqs, self.max_tokens)
+        # steps with drafts of up to speculative_max_batch sequences: graphs of k rounds
+        self.spec_tokens = speculative_tokens
+        self.spec_buckets = spec_graph_buckets(
+            self.buckets, S, self.max_tokens, speculative_tokens, speculative_max_batch
+        )
         self.num_blocks = self._allocate_kv(kv_cache_memory, kv_cache_fraction, kv_cache_dtype)
 
     def _allocate_kv(self, budget_bytes: int, fraction: float, dtype_name: str) -> int:
@@ -215,8 +231,9 @@ class CudaModelRunner(StepRunner):
             offsets[name] = (at, size)
             views[name] = self.meta_dev[at : at + size].reshape(shapes[name])
             at += size
-        if len(self._views) > 256:  # eager shapes vary; keep the graph buckets' views
-            self._views = {k: v for k, v in self._views.items() if k[0] in self.buckets}
+        if len(self._views) > 256:  # eager shapes vary; keep the graphs' views
+            graphs = {graph_shape(k, self.max_num_seqs) for k in self.graphs}
+            self._views = {k: v for k, v in self._views.items() if k in graphs}
         self._views[key] = found = (offsets, views, at)
         return found
 
@@ -251,30 +268,20 @@ class CudaModelRunner(StepRunner):
         rounds = max((len(c.draft_token_ids) for c in chunks), default=0)
         if masks:
             fields["sample_masks"] = self._send_masks(masks, B)
-        bucket = 0 if rounds else self._bucket(flat, B, want_logits)
-        if bucket:
-            counts = graph_counts(bucket, self.max_num_seqs)
-            views = self._stage(pad_step(fields, *counts[:2]), counts)
+        key = self._graph_key(flat, B, want_logits, rounds)
+        if key is not None:
+            counts = graph_shape(key, self.max_num_seqs)
+            views = self._stage(pad_graph_step(key, fields, counts), counts)
             self.start_events[ring].record(self.stream)
-            self._graph(bucket, views).replay()
+            self._graph(key, views).replay()
+            rounds = graph_rounds(key)
         else:
-            T, S, R = len(flat.positions), len(flat.slots), len(flat.logits_rows)
-            views = self._stage(fields, (T, S, R, B))
+            R = len(flat.logits_rows)
+            views = self._stage(fields, (len(flat.positions), len(flat.slots), R, B))
             self.start_events[ring].record(self.stream)
-            if rounds:
-                self.spec_rounds.write_drafts(self.token_ids_dev, views, self.stream)
-            logits = all_rows = self.model.forward(self._inputs(views))
-            if want_logits:  # rare: the step waits for its logits
-                logits_host = logits.copy_to_host(stream=self.stream)
-                self.stream.synchronize()
-            if B:
-                if R != B:
-                    rows = self.sample_logits[:B]
-                    gather_rows(logits, views["sample_rows"], rows, stream=self.stream)
-                    logits = rows
-                self._sample(logits, views, B)
-            if rounds:  # verification on the stream (executor/cuda_speculative)
-                spec = self.spec_rounds.run(self, all_rows, views, chunks, num_logprobs, ring)
+            logits_host = self._step(views, B, rounds, R != B, want_logits)
+        if rounds:
+            spec = self.spec_rounds.copy_back(self, chunks, num_logprobs, ring, rounds)
         if B:
             self.out_tokens_dev[:B].copy_to_host(self.tokens_host[ring][:B], stream=self.stream)
         if any(k >= 0 for k in num_logprobs):
@@ -351,46 +358,37 @@ class CudaModelRunner(StepRunner):
             stream=self.stream,
         )
 
-    def _bucket(self, flat, num_sampled: int, want_logits: bool) -> int:
-        """The graph bucket this step replays in, or 0 to run it eagerly (prompt logprobs,
-        which want the logits on the host, or more tokens than the largest bucket)."""
-        if not self.use_graphs or want_logits or len(flat.logits_rows) != num_sampled:
-            return 0
-        n = len(flat.positions)
-        return next((b for b in self.buckets if b >= n), 0)
-
-    def _graph_step(self, views: dict, rows: int) -> None:
-        logits = self.model.forward(self._inputs(views))
-        self._sample(logits, views, rows)
-
-    def _graph(self, bucket: int, views: dict) -> CudaGraph:
-        graph = self.graphs.get(bucket)
-        if graph is None:
-            # Eager once first: compiles every kernel and makes launcher placeholders, so the
-            # capture records launches only. The metadata just staged pads the real step with
-            # slot -1 rows, so this run computes the real step (KV writes, samples) and the
-            # replay that follows computes it again, to the same values.
-            rows = graph_counts(bucket, self.max_num_seqs)[3]
-            self._graph_step(views, rows)
+    def _step(self, views, samples: int, rounds: int, gather: bool, want_logits=False):
+        """A step's launches (a graph's, or eager): drafts into the mirror, the forward, the
+        first draws (from the sampled rows gathered, when not every logits row is one), the
+        verification rounds (executor/cuda_speculative). Returns the host logits, when
+        wanted (rare: the step then waits for them)."""
+        if rounds:
+            self.spec_rounds.write_drafts(self.token_ids_dev, views, self.stream)
+        logits = all_rows = self.model.forward(self._inputs(views))
+        host = None
+        if want_logits:
+            host = logits.copy_to_host(stream=self.stream)
             self.stream.synchronize()
-            graph = CudaGraph(
-                self.stream,
-                lambda: self._graph_step(views, rows),
-                programmatic=self.programmatic_graphs,
-            )
-            self.graphs[bucket] = graph
-        return graph
+        if samples:
+            if gather:
+                logits = self.sample_logits[:samples]
+                gather_rows(all_rows, views["sample_rows"], logits, stream=self.stream)
+            self._sample(logits, views, samples)
+        if rounds:
+            self.spec_rounds.enqueue(self, all_rows, views, samples, rounds)
+        return host
 
     def capture_all(self, progress=None) -> None:
-        """Warm-up and capture of every bucket at start (steps of padding only)."""
-        for bucket in self.buckets:
+        """Warm-up and capture of every graph at start (steps of padding only)."""
+        for key in self.graph_keys:
             fields = {name: np.zeros(0, np.int32) for name in _FIELDS}
             fields["query_start_loc"] = np.zeros(1, np.int32)
             fields["block_tables"] = np.zeros((0, self.max_blocks), np.int32)
-            counts = graph_counts(bucket, self.max_num_seqs)
-            self._graph(bucket, self._stage(pad_step(fields, *counts[:2]), counts))
+            counts = graph_shape(key, self.max_num_seqs)
+            self._graph(key, self._stage(pad_graph_step(key, fields, counts), counts))
             if progress is not None:
-                progress(bucket)
+                progress(key)
         self.stream.synchronize()
 
     def close(self) -> None:

@@ -11,10 +11,8 @@ its token where the draft sat), the same uniform. A row that is not drawn yields
 host learns how many tokens a chunk emitted from the round tokens it copies back with the
 step's first draws, in the same queued copies: no extra synchronisation.
 
-Steps with drafts run eagerly, never in a captured graph: the number of rounds is the step's
-largest draft count, and a graph per (bucket, rounds) multiplies the captures for steps that
-are rare beside plain decodes at batch > 1; at batch 1 a speculative step replaces d + 1
-decode steps when its drafts are accepted, and the launch cost is paid once for all of them.
+With CUDA graphs on, a step with drafts replays a graph of k rounds (executor/cuda_graph_steps);
+one that fits none runs eagerly, with as many rounds as its longest draft run.
 """
 
 import numpy as np
@@ -26,30 +24,22 @@ from vtllm.kernels.cuda.gather import gather_rows
 from vtllm.kernels.cuda.speculative import next_round, write_drafts
 
 
-def token_drafts(flat, chunks) -> np.ndarray:
-    """[T] int32: the draft each token row carries, -1 for the others (a chunk's d drafts sit
-    on the d token rows after its first logits row)."""
-    out = np.full(len(flat.positions), -1, np.int32)
-    for b, c in enumerate(chunks):
-        if c.draft_token_ids:
-            first = int(flat.logits_rows[flat.sample_rows[b]]) + 1
-            out[first : first + len(c.draft_token_ids)] = c.draft_token_ids
-    return out
-
-
 def first_positions(chunks) -> list[int]:
     """The position each sampling chunk's first draw takes (its drafts' first position)."""
     return [c.start + c.num_tokens - len(c.draft_token_ids) for c in chunks]
 
 
 class SpeculativeRounds:
-    """Device and pinned buffers of the rounds after the first, grown to the largest draft
-    count seen (once, at the first speculative steps: never inside a capture)."""
+    """Device and pinned buffers of the rounds after the first: made for k rounds at start
+    when graphs capture them (nothing may allocate in a capture), else grown to the largest
+    draft count an eager step brings."""
 
-    def __init__(self, max_num_seqs: int, ring: int, stream):
+    def __init__(self, max_num_seqs: int, ring: int, stream, rounds: int = 0):
         self.S, self.ring, self.stream = max_num_seqs, ring, stream
         self.rounds = 0
         self.meta_dev = cuda.device_array((3, max_num_seqs), np.int32, stream=stream)
+        if rounds:
+            self._grow(rounds)
 
     def _grow(self, rounds: int) -> None:
         S, s = self.S, self.stream
@@ -69,15 +59,12 @@ class SpeculativeRounds:
             mirror, views["token_slots"], views["positions"], views["token_drafts"], stream=stream
         )
 
-    def run(self, runner, logits, views: dict, chunks, num_logprobs, ring: int) -> tuple:
-        """Enqueues the rounds after the first draw (runner.out_tokens_dev) over the step's
-        logits [R, V], and the copies of their tokens (and logprobs) to ring's buffers.
-        Returns what collect() takes (InFlight.spec): the chunks, their logprobs wanted, and
-        their slots' seat counts at launch."""
-        B, rounds = len(chunks), max(len(c.draft_token_ids) for c in chunks)
+    def enqueue(self, runner, logits, views: dict, B: int, rounds: int) -> None:
+        """Enqueues rounds 1..rounds after the first draw (runner.out_tokens_dev[:B]) over the
+        step's logits [R, V]: device work only, which a graph may capture."""
         if rounds > self.rounds:
             self._grow(rounds)
-        s, S = self.stream, self.S
+        s = self.stream
         slots, positions, rows = (self.meta_dev[i, :B] for i in range(3))
         picked = runner.sample_logits[:B]
         prev = runner.out_tokens_dev[:B]
@@ -97,7 +84,7 @@ class SpeculativeRounds:
             )
             gather_rows(logits, rows, picked, stream=s)
             out = self.tokens_dev[j - 1, :B]
-            at = (j - 1) * S
+            at = (j - 1) * self.S
             lp = ops.LogprobsOut(*(a[at : at + B] for a in self.logprobs_dev))
             ops.sample(
                 picked,
@@ -112,9 +99,15 @@ class SpeculativeRounds:
                 stream=s,
             )
             prev = out
+
+    def copy_back(self, runner, chunks, num_logprobs, ring: int, rounds: int) -> tuple:
+        """Queues the copies of the rounds' tokens (and logprobs, when a chunk wants them) to
+        ring's pinned buffers. Returns what collect() takes (InFlight.spec): the chunks, their
+        logprobs wanted, and their slots' seat counts at launch."""
+        s = self.stream
         self.tokens_dev[:rounds].copy_to_host(self.tokens_host[ring][:rounds], stream=s)
         if any(k >= 0 for k in num_logprobs):
-            n = rounds * S
+            n = rounds * self.S
             for dev, host in zip(self.logprobs_dev, self.logprobs_host[ring], strict=True):
                 dev[:n].copy_to_host(host[:n], stream=s)
         return chunks, num_logprobs, runner.slot_seats[[c.slot for c in chunks]]

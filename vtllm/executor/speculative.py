@@ -27,6 +27,17 @@ def write_drafts(token_ids: np.ndarray, chunks: list[Chunk]) -> None:
             token_ids[c.slot, end - len(drafts) : end] = drafts
 
 
+def token_drafts(flat, chunks) -> np.ndarray:
+    """[T] int32: the draft each token row carries, -1 for the others (a chunk's d drafts sit
+    on the d token rows after its first logits row)."""
+    out = np.full(len(flat.positions), -1, np.int32)
+    for b, c in enumerate(chunks):
+        if c.draft_token_ids:
+            first = int(flat.logits_rows[flat.sample_rows[b]]) + 1
+            out[first : first + len(c.draft_token_ids)] = c.draft_token_ids
+    return out
+
+
 def first_sample_positions(chunks: list[Chunk]) -> np.ndarray:
     """[B] int32: the position each sampling chunk's first sampled token takes."""
     return np.fromiter(

@@ -21,6 +21,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_speculative_tokens: int = 0
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 1
+    # no drafts in a step while this many requests run (0: no limit; scheduler/speculative.py)
+    speculative_disable_by_batch_size: int = 0
 
     def __post_init__(self):
         # Engine configuration, not user input: a plain ValueError names the field at fault.

@@ -16,7 +16,9 @@ Speculation (n-gram prompt lookup, scheduler/speculative.py): a decoding request
 carries up to k proposed tokens after its last token, and the executor returns between 1 and
 k + 1 tokens for it. How many is unknown until the result is read, so the next position of a
 speculating request is unknown too: such a request is not planned again while its step is in
-flight (it runs at depth 1; the rest of the batch keeps depth 2). Planning its next step from
+flight (it runs at depth 1; the rest of the batch keeps depth 2), unless the batch is too large
+to speculate (speculative_disable_by_batch_size): then it runs at depth 2 without drafts, and
+waits for its last token again once the batch shrinks. Planning its next step from
 a guess would waste a step whenever a proposal is rejected, and the proposal itself needs the
 last token, which only the result brings. The law still holds: a speculating request's
 tokens are what one-token steps would sample (the executor accepts a draft only when its own
@@ -53,7 +55,13 @@ from vtllm.scheduler.sliding_window import (
     peak_blocks,
     release_outside_window,
 )
-from vtllm.scheduler.speculative import NgramProposer, SpecStats, num_drafts, roll_back
+from vtllm.scheduler.speculative import (
+    NgramProposer,
+    SpecStats,
+    may_speculate,
+    num_drafts,
+    roll_back,
+)
 
 RUNNING, FINISHED = RequestStatus.RUNNING, RequestStatus.FINISHED
 _order = attrgetter("order")
@@ -187,16 +195,20 @@ class Scheduler:
             if caching and req.num_registered_blocks < start // bs:
                 pool.cache_full_blocks(req, start)  # positions launched in earlier steps
             num_out, ph = len(req.output_token_ids), req.num_placeholders
-            if ph and (req.speculates or num_out + ph >= req.max_output_tokens):
-                # speculating: its next position is known once its step is read (docstring);
-                # else its last token is in flight: it finishes at the next update
+            if ph and (
+                num_out + ph >= req.max_output_tokens
+                or (req.speculates and (req.drafts_in_flight or may_speculate(cfg, len(running))))
+            ):
+                # speculating: its next position is known once its step is read, and a
+                # proposal needs its last token (docstring); else its last token is in flight:
+                # it finishes at the next update
                 i += 1
                 continue
             num_tokens = len(req.prompt_token_ids) + num_out + ph
             n = num_tokens - start
             drafts = ()
-            if n == 1 and req.speculates and start >= len(req.prompt_token_ids):
-                k = num_drafts(req, cfg, budget - (len(running) - i))
+            if n == 1 and req.speculates and not ph and start >= len(req.prompt_token_ids):
+                k = num_drafts(req, cfg, budget - (len(running) - i), len(running))
                 drafts = self.proposer.propose(req, k) if k > 0 else ()
                 n += len(drafts)
             if n > 1 and not drafts:  # drafts already left room for the requests behind

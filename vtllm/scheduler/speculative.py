@@ -66,10 +66,21 @@ def propose_ngram(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> list[in
     return []
 
 
-def num_drafts(req: Request, config: SchedulerConfig, room: int) -> int:
-    """How many drafts a decoding request may carry: at most k, at most `room` (the step's
-    budget past its own token), and never more than max_tokens leaves room for after the
-    target's own token."""
+def may_speculate(config: SchedulerConfig, batch: int) -> bool:
+    """Whether a step of `batch` running requests carries drafts: not once it reaches
+    speculative_disable_by_batch_size. A large batch already fills the device with one token
+    per request, so verifying k more rows each costs more than the accepted ones save; and it
+    runs at depth 2, which a speculating request cannot (docs/speculative_decoding.md)."""
+    limit = config.speculative_disable_by_batch_size
+    return bool(config.num_speculative_tokens) and not 0 < limit <= batch
+
+
+def num_drafts(req: Request, config: SchedulerConfig, room: int, batch: int) -> int:
+    """How many drafts a decoding request may carry in a step of `batch` running requests: at
+    most k, at most `room` (the step's budget past its own token), never more than max_tokens
+    leaves room for after the target's own token, and none where may_speculate says no."""
+    if not may_speculate(config, batch):
+        return 0
     return min(
         config.num_speculative_tokens, room, req.max_output_tokens - len(req.output_token_ids) - 1
     )

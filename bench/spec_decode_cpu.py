@@ -3,12 +3,16 @@ without it, on a copy-heavy prompt set and a plain chat set, through the offline
 
     python -m bench.spec_decode_cpu [--max-tokens 128] [--repeats 1] [--limit N] [--json]
         [--speculative-config '{"method": "ngram", "num_speculative_tokens": 3, ...}']
+        [--concurrency 8,64]
 
 Prompts are bench/prompts/copy_heavy.jsonl (repeat or edit code, summarise quoting, JSON with
 repeated keys) and bench/prompts/chat_plain.jsonl, rendered with the model's chat template and
 run greedily one at a time. Decode tok/s is (output tokens - 1) over the time from the first
 token to the last, summed over the set (best of the repeats); the acceptance rate is accepted
 over proposed tokens. Greedy outputs must be the same either way (`outputs_equal`).
+`--concurrency N` adds the serving rate of N prompts (both sets, cycled) submitted at once:
+output tokens over the wall time of the batch, prefill included, where speculation must not
+lower the rate (past disable_by_batch_size running requests no step carries drafts).
 Timings mean something only on a quiet machine (BENCHMARKS.md).
 """
 
@@ -50,6 +54,37 @@ def run_set(llm, prompts: list[str], params) -> tuple[float, int, list[list[int]
     return seconds, tokens, outputs
 
 
+def run_batch(llm, prompts: list[str], params) -> tuple[float, int, list[list[int]]]:
+    """(seconds, output tokens, outputs) of the prompts submitted at once."""
+    started = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    seconds = time.perf_counter() - started
+    outputs = [out.outputs[0].token_ids for out in outs]
+    return seconds, sum(map(len, outputs)), outputs
+
+
+def compare(plain, spec, run_prompts, prompts, params, repeats: int) -> dict:
+    """Best tok/s of each engine over the repeats of run_prompts(llm, prompts, params) ->
+    (seconds, tokens, outputs), the ratio, the speculative runs' acceptance and whether the
+    outputs agree."""
+    best, outputs = {}, {}
+    stats = spec.scheduler.spec_stats
+    drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+    for _ in range(repeats):
+        for label, llm in (("plain", plain), ("speculative", spec)):
+            seconds, tokens, outputs[label] = run_prompts(llm, prompts, params)
+            best[label] = max(best.get(label, 0.0), tokens / seconds if seconds else 0.0)
+    drafted, accepted = stats.num_draft_tokens - drafted, stats.num_accepted_tokens - accepted
+    return {
+        "plain_tok_s": round(best["plain"], 1),
+        "speculative_tok_s": round(best["speculative"], 1),
+        "speedup": round(best["speculative"] / best["plain"], 3) if best["plain"] else None,
+        "draft_tokens": drafted,
+        "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+        "outputs_equal": outputs["plain"] == outputs["speculative"],
+    }
+
+
 def arguments(description: str) -> argparse.ArgumentParser:
     """The options both variants take (bench/spec_decode_gpu.py adds its own)."""
     parser = argparse.ArgumentParser(description=description)
@@ -58,6 +93,9 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=0, help="prompts per set (0: all)")
     parser.add_argument("--speculative-config", default=json.dumps(DEFAULT_SPEC))
     parser.add_argument("--json", action="store_true", help="JSON to stdout instead of text")
+    parser.add_argument(
+        "--concurrency", default="", help="serving rates of N prompts at once, e.g. 8,64"
+    )
     return parser
 
 
@@ -80,27 +118,19 @@ def run(args, model: str | None = None, **knobs) -> int:
     report["speculative_config"] = json.loads(args.speculative_config)
     for llm in (plain, spec):
         llm.generate(["warm up"], SamplingParams(temperature=0.0, max_tokens=4))
+    rendered = {}
     for name in SETS:
         chats = load_set(name)[: args.limit or None]
-        prompts = [plain.render_chat(messages) for messages in chats]
-        best, outputs = {}, {}
-        stats = spec.scheduler.spec_stats
-        drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
-        for _ in range(args.repeats):
-            for label, llm in (("plain", plain), ("speculative", spec)):
-                seconds, tokens, outputs[label] = run_set(llm, prompts, params)
-                rate = tokens / seconds if seconds else 0.0
-                best[label] = max(best.get(label, 0.0), rate)
-        drafted, accepted = stats.num_draft_tokens - drafted, stats.num_accepted_tokens - accepted
-        report[name] = {
-            "prompts": len(prompts),
-            "plain_decode_tok_s": round(best["plain"], 1),
-            "speculative_decode_tok_s": round(best["speculative"], 1),
-            "speedup": round(best["speculative"] / best["plain"], 3) if best["plain"] else None,
-            "draft_tokens": drafted,
-            "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
-            "outputs_equal": outputs["plain"] == outputs["speculative"],
-        }
+        prompts = rendered[name] = [plain.render_chat(messages) for messages in chats]
+        found = compare(plain, spec, run_set, prompts, params, args.repeats)
+        # c1: decode tok/s, from each request's first token to its last
+        renamed = {k.replace("_tok_s", "_decode_tok_s"): v for k, v in found.items()}
+        report[name] = {"prompts": len(prompts), **renamed}
+    mixed = rendered[SETS[0]] + rendered[SETS[1]]
+    for n in (int(c) for c in args.concurrency.split(",") if c.strip()):
+        batch = [mixed[i % len(mixed)] for i in range(n)]
+        found = compare(plain, spec, run_batch, batch, params, args.repeats)
+        report[f"c{n}"] = {"prompts": n, **found}
     spec.close()
     plain.close()
     if args.json:

@@ -1,9 +1,10 @@
 """N-gram (or draft model) speculation on the CUDA backend: single-request (c1) decode speed
 with and without it, on the same prompt sets as bench/spec_decode_cpu.py, with CUDA graphs on
-(plain decode steps replay graphs; steps with drafts run eagerly: docs/speculative_decoding.md):
+(steps with and without drafts replay graphs: docs/speculative_decoding.md), and the serving
+rate of many prompts at once:
 
     python -m bench.spec_decode_gpu [--model PATH] [--kv-cache-memory 2GiB] [--max-tokens 128]
-        [--repeats 3] [--limit N] [--json]
+        [--repeats 3] [--limit N] [--json] [--concurrency 8,64] [--no-graphs]
         [--speculative-config '{"method": "ngram", "num_speculative_tokens": 3, ...}']
 
 Both engines live on the one card, so each gets a fixed KV budget rather than a fraction of

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vtllm.kernels import QType, block_layout
+
 _SCALARS = {
     0: ("<B", 1),
     1: ("<b", 1),
@@ -119,13 +121,28 @@ class GGUFFile:
         raise ValueError(f"unknown metadata value type {kind}")
 
     def _tensor_bytes(self, offset: int, shape, kind: int, name: str) -> np.ndarray:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        try:
-            block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-        except (ValueError, KeyError):
-            raise ValueError(f"tensor {name} has unknown type {kind}") from None
+        block, nbytes = _block_size(kind, name)
         size = int(np.prod(shape, dtype=np.int64)) // block * nbytes
         if offset + size > self.raw.size:
             raise ValueError(f"tensor {name} runs past the end of the file (truncated?)")
         return self.raw[offset : offset + size]
+
+
+_FLOAT_BYTES = {QType.F32: 4, QType.F16: 2, QType.BF16: 2}
+
+
+def _block_size(kind: int, name: str) -> tuple[int, int]:
+    """(weights, bytes) of one block of GGML type `kind`. The gguf package (a few MiB resident
+    with what it imports) is asked only for the types no kernel reads."""
+    try:
+        qtype = QType(kind)
+    except ValueError:
+        qtype = None
+    if qtype is not None:
+        return (1, _FLOAT_BYTES[qtype]) if qtype in _FLOAT_BYTES else block_layout(qtype)
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise ValueError(f"tensor {name} has unknown type {kind}") from None

@@ -17,6 +17,7 @@ from vtllm.models.weights import (
     MoeWeights,
     Weight,
     concat_rows,
+    stacked_view,
     weight_from_array,
 )
 
@@ -137,9 +138,10 @@ def _unpermute_vector(v: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def fuse(weights: list[Weight]) -> list[Weight]:
-    """One matrix when the storage types agree (one kernel launch), else kept apart."""
+    """One matrix when the storage types agree (one kernel launch), else kept apart. Matrices
+    stored back to back (gate, up) become one view of the file; others are copied."""
     if len({w.qtype for w in weights}) == 1:
-        return [concat_rows(weights)]
+        return [stacked_view(weights) or concat_rows(weights)]
     return weights
 
 

@@ -38,6 +38,36 @@ def concat_rows(weights: list[Weight]) -> Weight:
     return Weight(data, weights[0].qtype, (sum(w.shape[0] for w in weights), weights[0].shape[1]))
 
 
+def stacked_view(weights: list[Weight]) -> Weight | None:
+    """concat_rows without a copy where the matrices lie back to back in one buffer (GGUF
+    files store gate and up one after the other): a view of that buffer, or None."""
+    first = weights[0]
+    if len({w.qtype for w in weights}) != 1 or len({w.shape[1] for w in weights}) != 1:
+        return None
+    if any(w.data.dtype != first.data.dtype or not w.data.flags.c_contiguous for w in weights):
+        return None
+    root = _root(first.data)
+    if not root.flags.c_contiguous or any(_root(w.data) is not root for w in weights):
+        return None
+    start = first.data.ctypes.data - root.ctypes.data
+    end = start
+    for w in weights:
+        if w.data.ctypes.data - root.ctypes.data != end:
+            return None
+        end += w.data.nbytes
+    data = root.reshape(-1).view(np.uint8)[start:end].view(first.data.dtype)
+    rows = sum(w.data.shape[0] for w in weights)
+    data = data.reshape(rows, *first.data.shape[1:])
+    return Weight(data, first.qtype, (sum(w.shape[0] for w in weights), first.shape[1]))
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns the buffer a views (a itself when it owns its data)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 @dataclass(slots=True)
 class MoeWeights:
     """A layer's routed experts (models/moe)."""

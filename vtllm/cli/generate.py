@@ -16,6 +16,10 @@ def load_llm(args, **overrides):
     with KernelCompileLog() if settings.device == "cpu" else contextlib.nullcontext():
         llm = LLM(cli=cli, **overrides)
         llm.warm_up()
+    if settings.device == "cpu":
+        from vtllm.executor.host_memory import release_start_pages
+
+        release_start_pages("warm-up done")
     return llm
 
 

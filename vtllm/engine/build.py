@@ -7,6 +7,7 @@ import time
 from vtllm.config import EngineConfig
 from vtllm.errors import InvalidParameter
 from vtllm.executor.backend import CpuBackend, cpu_ops
+from vtllm.executor.host_memory import release_start_pages
 from vtllm.executor.kv_cache import (
     allocate_kv_cache,
     free_host_memory,
@@ -118,6 +119,7 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
     started = time.perf_counter()
     ops = cpu_ops(config.cpu_numerics)  # compiles the kernels, or loads them from numba's cache
     phases["compile"] = time.perf_counter() - started
+    release_start_pages("kernel table loaded")  # before the warm-up maps the weights back in
     if config.kv_cache_dtype == "bfloat16":  # auto is float32 here
         raise InvalidParameter(
             "kv_cache_dtype bfloat16 runs on the cuda device only; the cpu backend stores float32",
@@ -173,7 +175,6 @@ def _cpu_resident_blocks(
         loaded.config,
         block_size=config.block_size,
         budget_bytes=config.kv_cache_resident_memory,
-        max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
     )
     if cap >= num_blocks - 1:

@@ -107,8 +107,8 @@ KNOBS = (
         "kv_cache_resident_memory",
         "bytes",
         0,
-        "CPU: KV bytes written before cached prefixes are evicted for room (0: what llama.cpp "
-        "commits for min(max-num-seqs, 4) x max-model-len tokens, f16)",
+        "CPU: KV bytes written before cached prefixes are evicted for room (0: what llama.cpp's "
+        "server commits for max-model-len tokens, f16)",
         0,
         1 << 50,
     ),

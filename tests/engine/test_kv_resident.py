@@ -10,18 +10,14 @@ from vtllm.models.loader import load_model
 from vtllm.models.synthetic import write_checkpoint
 
 
-def test_default_cap_is_llama_cpp_f16_kv_for_slots_times_context():
+def test_default_cap_is_llama_server_f16_kv_for_one_context():
     mc = SimpleNamespace(num_layers=30, kv_size=192)  # SmolLM2-135M
-    for slots, counted in ((2, 2), (4, 4), (64, 4)):  # llama-server's 4 default slots at most
-        cap = resident_kv_blocks(
-            mc, block_size=16, budget_bytes=0, max_num_seqs=slots, max_model_len=4096
-        )
-        # f16 K and V for slots x 4096 tokens, in float32 blocks of 16: half as many tokens
-        assert cap * bytes_per_block(mc, 16) == counted * 4096 * 2 * 30 * 192 * 2
-        assert cap * 16 == counted * 4096 // 2
-    given = resident_kv_blocks(
-        mc, block_size=16, budget_bytes=10 << 20, max_num_seqs=4, max_model_len=4096
-    )
+    for context in (512, 4096):
+        cap = resident_kv_blocks(mc, block_size=16, budget_bytes=0, max_model_len=context)
+        # f16 K and V for the context's tokens, in float32 blocks of 16: half as many tokens
+        assert cap * bytes_per_block(mc, 16) == context * 2 * 30 * 192 * 2
+        assert cap * 16 == context // 2
+    given = resident_kv_blocks(mc, block_size=16, budget_bytes=10 << 20, max_model_len=4096)
     assert given == (10 << 20) // bytes_per_block(mc, 16)
 
 

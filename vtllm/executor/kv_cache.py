@@ -51,29 +51,20 @@ def num_kv_blocks(
     return int(blocks)
 
 
-DEFAULT_RESIDENT_SLOTS = 4  # llama.cpp server's slots when --parallel is not given
-
-
 def resident_kv_blocks(
-    config: ModelConfig,
-    *,
-    block_size: int,
-    budget_bytes: int,
-    max_num_seqs: int,
-    max_model_len: int,
+    config: ModelConfig, *, block_size: int, budget_bytes: int, max_model_len: int
 ) -> int:
     """Blocks the CPU KV cache may commit before cached prefixes are evicted for room.
 
     The cache is committed page by page as it is written (_lazy_zeros), so this bounds the RSS
     that the prefix cache keeps; requests that need more still get the whole budget. Default
-    (budget_bytes 0): the bytes llama.cpp's server commits at start for the same context and
-    slots, up to its default of DEFAULT_RESIDENT_SLOTS: f16 K and V for min(max_num_seqs, 4) x
-    max_model_len tokens (half as many of our float32 tokens), so a long-lived server stays in
-    the range a llama.cpp user expects, also with our 64 default slots (5.6 GiB on the default
-    model with all 64 counted)."""
+    (budget_bytes 0): the bytes llama.cpp's server commits at start for the same context: f16 K
+    and V for max_model_len tokens (half as many of our float32 tokens), one cache its slots
+    share (llama-server runs 4 slots over one unified cache unless told otherwise). 90 MiB on
+    the default model and context, so a long-lived server stays in the range a llama.cpp user
+    expects."""
     per_token_f16 = bytes_per_block(config, 1, itemsize=2)
-    slots = min(max_num_seqs, DEFAULT_RESIDENT_SLOTS)
-    budget = budget_bytes or slots * max_model_len * per_token_f16
+    budget = budget_bytes or max_model_len * per_token_f16
     return max(1, budget // bytes_per_block(config, block_size))
 
 

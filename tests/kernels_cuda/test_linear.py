@@ -90,8 +90,8 @@ def test_rejects_bad_arguments(rng):
 def test_a_row_has_the_same_bits_at_any_m(rng, qtype):
     """Batch invariance: a row computed alone (the one-row loop of a decode step) and inside a
     step of 5 rows (the four-row loop) round alike. On a card the compiler may contract the two
-    loops' a * b + c into different fused multiply-adds; the K-quant GEMV pins its fmas for
-    that reason (test_linear_kquant)."""
+    loops' a * b + c into different fused multiply-adds; the GEMVs pin their fmas for that
+    reason (the K-quant ones: test_linear_kquant)."""
     n, k = 9, 160
     w = random_weight(rng, qtype, n, k)
     x = (rng.standard_normal((5, k)) * 2).astype(np.float32)

@@ -36,6 +36,24 @@ def test_matches_reference_and_rows_are_independent_of_m(rng, qtype):
         np.testing.assert_array_equal(host(one)[0], got[3])
 
 
+@pytest.mark.skipif(SIMULATOR, reason="the simulator's arrays carry no device address")
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K, QType.Q5_0], ids=lambda q: q.name)
+def test_weight_off_a_16_byte_boundary_gives_the_same_bits(rng, qtype):
+    """Rows carved from a flat buffer 2 bytes in: the chunks are read from aligned addresses
+    and shifted into place, with the bits of the aligned weight."""
+    n, k = 5, 512
+    w = random_kquant(rng, qtype, n, k)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    flat = dev(np.concatenate([np.zeros(2, np.uint8), w.ravel()]))
+    carved = flat[2:].reshape(w.shape)
+    assert carved.__cuda_array_interface__["data"][0] % 16
+    out, ref = poisoned((3, n)), poisoned((3, n))
+    linear(dev(x), carved, qtype, out)
+    linear(dev(x), dev(w), qtype, ref)
+    np.testing.assert_array_equal(host(out), host(ref))
+    check_close(host(out), x, w, qtype)
+
+
 def test_col0_writes_its_columns_only(rng):
     """q, k and v of different storage types each fill their part of one qkv buffer."""
     k = 256

@@ -2,33 +2,77 @@
 
 A `B64` value is an LLVM <64 x i8> (two 32-weight blocks side by side), an `I16` value an
 <16 x i32>. `dpbusd(acc, u, s)` is VNNI's vpdpbusd: lane i of acc gains the four products
-u[4i..4i+3] * s[4i..4i+3] (u unsigned, s signed), exact in int32. Where the host has
-AVX512-VNNI it is the LLVM intrinsic `llvm.x86.avx512.vpdpbusd.512`; elsewhere the same
-arithmetic is spelled in generic IR (widen, multiply, add groups of four), which any LLVM
-target compiles. Integer sums are exact, so both give the same bits; tests compare them.
+u[4i..4i+3] * s[4i..4i+3] (u unsigned, s signed), exact in int32. How it is spelled depends on
+the features of numba's compile target (`INT8_VARIANT`, chosen once at import):
 
-Why an intrinsic: numba's plain loop `acc += int32(w[k]) * int32(x[k])` is vectorized by
-LLVM with vpmovzxbd / vpmovsxbd widening and 32-bit multiplies (no vpdpbusd, vpmaddubsw or
-vpmaddwd in `inspect_asm`): several instructions per product where vpdpbusd does four
-products in one.
+    vnni512   AVX512-VNNI: the LLVM intrinsic `llvm.x86.avx512.vpdpbusd.512`
+    avx512bw  AVX-512 without VNNI: vpmaddubsw (pairs -> i16) and vpmaddwd by ones (-> i32)
+              on the whole 512-bit vector
+    avx2      the same two instructions on the two 256-bit halves (llama.cpp's AVX2 dot)
+    generic   plain IR (widen, multiply, add groups of four), which any LLVM target compiles
+
+vpmaddubsw saturates its i16 pair sums, so the madd spellings are exact only where no pair can
+pass 32767: with u < 128 and any s, |u0 s0 + u1 s1| <= 2 * 127 * 128 = 32512. `dpbusd_small`
+promises that (Q4 / Q5 nibbles, K-quant weights: at most 63) and is one vpmaddubsw per half;
+`dpbusd` takes any u (Q8_0's weights plus 128) and splits it into u & 127 and u & 128, whose
+pair sums lie in [-32512, 32512] and [-32768, 32512], then adds both i32 sums. Integer sums are
+exact, so every variant gives the same bits; tests compare them.
+
+Why intrinsics: numba's plain loop `acc += int32(w[k]) * int32(x[k])` is vectorized by LLVM
+with vpmovzxbd / vpmovsxbd widening and 32-bit multiplies (no vpdpbusd, vpmaddubsw or vpmaddwd
+in `inspect_asm`): several instructions per product where vpdpbusd does four in one.
 """
 
 import llvmlite.binding as llb
 from llvmlite import ir
-from numba.core import cgutils, types
+from numba.core import cgutils, config, types
+from numba.core.codegen import get_host_cpu_features
 from numba.extending import intrinsic, models, register_model
 
 from vtllm.kernels.cpu._simd import V16, _check_array, _ivec, _ptr
 
-HAS_VNNI = bool(llb.get_host_cpu_features().get("avx512vnni", False))
-
-_I8 = ir.IntType(8)
-_I16 = ir.IntType(16)
-_I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
+_I8, _I16, _I32, _I64 = (ir.IntType(bits) for bits in (8, 16, 32, 64))
 _VB = ir.VectorType(_I8, 64)
 _VI = ir.VectorType(_I32, 16)
 _VF = ir.VectorType(ir.FloatType(), 16)
+
+
+def compile_target() -> tuple[str, str]:
+    """(CPU name, feature list) of numba's CPU target machine, by numba's own rule:
+    NUMBA_CPU_NAME / NUMBA_CPU_FEATURES where set (an empty list: the features the name
+    implies), else the host's (less AVX where NUMBA_ENABLE_AVX=0)."""
+    name = config.CPU_NAME or llb.get_host_cpu_name()
+    features = config.CPU_FEATURES
+    return name, get_host_cpu_features() if features is None else features
+
+
+def _compiles_to(tm, vty, needle: str) -> bool:
+    """Whether an add of two `vty` vectors compiles to `needle` on target machine tm."""
+    module = ir.Module()
+    module.triple = llb.get_process_triple()
+    fn = ir.Function(module, ir.FunctionType(vty, [vty, vty]), "probe")
+    builder = ir.IRBuilder(fn.append_basic_block())
+    builder.ret(builder.add(*fn.args))
+    return needle in tm.emit_assembly(llb.parse_assembly(str(module)))
+
+
+def int8_variant(name: str, features: str) -> str:
+    """The dpbusd spelling for a target: AVX2 and AVX512BW are read off what LLVM emits for
+    it (a named CPU with an empty feature list hides them from any list), VNNI from the
+    feature list only: a target without it must never meet its intrinsic."""
+    llb.initialize_native_target()
+    llb.initialize_native_asmprinter()
+    target = llb.Target.from_triple(llb.get_process_triple())
+    tm = target.create_target_machine(cpu=name, features=features)
+    if not _compiles_to(tm, ir.VectorType(_I32, 8), "vpaddd\t%ymm"):
+        return "generic"
+    if not _compiles_to(tm, _VB, "vpaddb\t%zmm"):
+        return "avx2"
+    return "vnni512" if "+avx512vnni" in features.split(",") else "avx512bw"
+
+
+INT8_VARIANT = int8_variant(*compile_target())
+HAS_VNNI = INT8_VARIANT == "vnni512"
 
 
 class B64Type(types.Type):
@@ -257,28 +301,74 @@ def _dpbusd_generic(builder, acc, u, s):
     return acc
 
 
-def _dpbusd(use_vnni):
+def _call(builder, name, ret, *args):
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), list(args))
+
+
+def _dpbusd_vnni(builder, acc, u, s):
+    return _call(builder, "llvm.x86.avx512.vpdpbusd.512", _VI, acc, u, s)
+
+
+_MADD = {  # bytes per vpmaddubsw: (its intrinsic, vpmaddwd's)
+    32: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
+    64: ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512"),
+}
+
+
+def _madd_sum(builder, u, s, width):
+    """<16 x i32>: the sums of four u * s products by vpmaddubsw + vpmaddwd(ones) on `width`
+    bytes at a time; exact where no pair sum of vpmaddubsw passes the i16 range."""
+    ubsw, wd = _MADD[width]
+    words = ir.VectorType(_I16, width // 2)
+    ones = ir.Constant(words, [1] * (width // 2))
+    parts = []
+    for h in range(0, 64, width):  # (64 lanes of 64: a no-op shuffle)
+        half = [builder.shuffle_vector(v, v, _ivec(range(h, h + width))) for v in (u, s)]
+        pairs = _call(builder, ubsw, words, *half)
+        parts.append(_call(builder, wd, ir.VectorType(_I32, width // 4), pairs, ones))
+    return parts[0] if len(parts) == 1 else builder.shuffle_vector(*parts, _ivec(range(16)))
+
+
+def _dpbusd_madd(builder, acc, u, s, width, small):
+    if small:  # u < 128: pair sums within +-32512
+        return builder.add(acc, _madd_sum(builder, u, s, width))
+    low = builder.and_(u, ir.Constant(_VB, [127] * 64))
+    high = builder.and_(u, ir.Constant(_VB, [128] * 64))
+    acc = builder.add(acc, _madd_sum(builder, low, s, width))
+    return builder.add(acc, _madd_sum(builder, high, s, width))
+
+
+def dpbusd_ir(builder, acc, u, s, variant: str, small: bool):
+    """acc + the four-product sums of u (unsigned) and s (signed), spelled for `variant`;
+    small: the caller promises u < 128."""
+    if variant == "vnni512":
+        return _dpbusd_vnni(builder, acc, u, s)
+    if variant == "avx512bw":
+        return _dpbusd_madd(builder, acc, u, s, 64, small)
+    if variant == "avx2":
+        return _dpbusd_madd(builder, acc, u, s, 32, small)
+    return _dpbusd_generic(builder, acc, u, s)
+
+
+def _dpbusd(variant, small=False):
     def typer(typingctx, acc, u, s):
         if acc != I16 or u != B64 or s != B64:
             return None
 
         def codegen(context, builder, sig, args):
-            if not use_vnni:
-                return _dpbusd_generic(builder, *args)
-            fnty = ir.FunctionType(_VI, [_VI, _VB, _VB])
-            fn = cgutils.get_or_insert_function(
-                builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512"
-            )
-            return builder.call(fn, list(args))
+            return dpbusd_ir(builder, *args, variant, small)
 
         return I16(acc, u, s), codegen
 
     return intrinsic(typer)
 
 
-dpbusd_vnni = _dpbusd(True)  # only callable where HAS_VNNI
-dpbusd_generic = _dpbusd(False)
-dpbusd = dpbusd_vnni if HAS_VNNI else dpbusd_generic
+dpbusd = _dpbusd(INT8_VARIANT)  # any u
+dpbusd_small = _dpbusd(INT8_VARIANT, small=True)  # u < 128 only
+# (dpbusd, dpbusd_small) of each variant, for the tests: compile only the target's own or less
+VARIANTS = {v: (_dpbusd(v), _dpbusd(v, True)) for v in ("vnni512", "avx512bw", "avx2", "generic")}
+dpbusd_vnni, dpbusd_generic = VARIANTS["vnni512"][0], VARIANTS["generic"][0]
 
 
 @intrinsic

@@ -1,7 +1,7 @@
 """Integer super-block dot products of K-quant weights and q8_K activations (the int8 path).
 
 A super-block of 256 weights is 4 groups of 64; a group's weights, unpacked to 64 unsigned
-bytes in element order, meet 64 activation bytes in one vpdpbusd (`_int8simd.dpbusd`): int32
+bytes in element order, meet 64 activation bytes in one vpdpbusd (`_int8simd.dpbusd_small`): int32
 lane k of group g sums the 4 products of elements 64g + 4k .. 64g + 4k + 3, all inside
 16-weight chunk 4g + k // 4. Each lane is then multiplied by its chunk's integer scale and the
 4 groups are added lane by lane:
@@ -19,10 +19,10 @@ once into scratch (`unpack`) and reads that (`isum_tile`): the same integers eit
 """
 
 from llvmlite import ir
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic
 
-from vtllm.kernels.cpu._int8simd import HAS_VNNI, I16, _dpbusd_generic
+from vtllm.kernels.cpu._int8simd import I16, INT8_VARIANT, dpbusd_ir
 from vtllm.kernels.cpu._simd import _check_array, _ivec, _ptr
 
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
@@ -141,12 +141,8 @@ def _scales(b, kind, mem):
 
 
 def _dp(b, u, s):
-    zero = ir.Constant(_VI, [0] * 16)
-    if not HAS_VNNI:
-        return _dpbusd_generic(b, zero, u, s)
-    fnty = ir.FunctionType(_VI, [_VI, u.type, s.type])
-    fn = cgutils.get_or_insert_function(b.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
-    return b.call(fn, [zero, u, s])
+    """vpdpbusd from zero lanes; unpacked K-quant weights are at most 63, so the small form."""
+    return dpbusd_ir(b, ir.Constant(_VI, [0] * 16), u, s, INT8_VARIANT, small=True)
 
 
 def _isum(b, kind, groups, sc, xmem, bsum):

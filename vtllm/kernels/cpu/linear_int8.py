@@ -26,7 +26,9 @@ AVX512-VNNI host): per pair and W row one `vpdpbusd zmm`, one `vcvtdq2ps zmm`, o
 vpsrlw and a masked byte merge + vpandq; f16 scales with vcvtsh2ss + vpermt2ps. A plain numba
 loop over int8 gives none of vpdpbusd / vpmaddubsw / vpmaddwd (LLVM widens to int32 with
 vpmovzxbd and multiplies 32-bit lanes), hence the explicit intrinsics in _int8simd; without
-VNNI they fall back to generic IR (see _int8simd.dpbusd). test_llvm_emits_vpdpbusd checks it.
+VNNI they are vpmaddubsw + vpmaddwd (AVX-512BW, or AVX2 on 256-bit halves, where every
+16-lane vector here becomes two ymm) or generic IR, by the compile target's features (see
+_int8simd). test_llvm_emits_vpdpbusd and tests/kernels/test_int8_variants.py check them.
 """
 
 import numba
@@ -40,6 +42,7 @@ from numba.core.types import void
 from vtllm.kernels import QK, QType
 from vtllm.kernels.cpu._int8simd import (
     dpbusd,
+    dpbusd_small,
     itof,
     load_b64,
     load_i16,
@@ -105,9 +108,15 @@ def _wpair(w, qt, oa, ob, hdr):
 
 
 @njit(inline="always")
-def _step(wb, dw, xb, dx, xc, acc):
-    """One pair's contribution, the same ops in the GEMV and the GEMM microkernel."""
-    return vfma(itof(dpbusd(xc, wb, xb)), vmul(dw, dx), acc)
+def _step(qt, wb, dw, xb, dx, xc, acc):
+    """One pair's contribution, the same ops in the GEMV and the GEMM microkernel. qt is a
+    constant where this is inlined, so only one branch is compiled: Q8_0's weight bytes (plus
+    128) reach 255, the others' stay below 32 (dpbusd_small: fewer ops without VNNI)."""
+    if qt == Q8_0:
+        dots = dpbusd(xc, wb, xb)
+    else:
+        dots = dpbusd_small(xc, wb, xb)
+    return vfma(itof(dots), vmul(dw, dx), acc)
 
 
 @njit(inline="always")
@@ -145,13 +154,13 @@ def _dot4(w, qt, r0, r1, r2, r3, nb, P, xq, xd, xc, xs, m):
         oa = 2 * p * bb
         ob = min(2 * p + 1, nb - 1) * bb
         wb = _wpair(w, qt, r0 + oa, r0 + ob, hdr)
-        a0 = _step(wb, scale_pair(w, r0 + oa, r0 + ob), xb, dx, c, a0)
+        a0 = _step(qt, wb, scale_pair(w, r0 + oa, r0 + ob), xb, dx, c, a0)
         wb = _wpair(w, qt, r1 + oa, r1 + ob, hdr)
-        a1 = _step(wb, scale_pair(w, r1 + oa, r1 + ob), xb, dx, c, a1)
+        a1 = _step(qt, wb, scale_pair(w, r1 + oa, r1 + ob), xb, dx, c, a1)
         wb = _wpair(w, qt, r2 + oa, r2 + ob, hdr)
-        a2 = _step(wb, scale_pair(w, r2 + oa, r2 + ob), xb, dx, c, a2)
+        a2 = _step(qt, wb, scale_pair(w, r2 + oa, r2 + ob), xb, dx, c, a2)
         wb = _wpair(w, qt, r3 + oa, r3 + ob, hdr)
-        a3 = _step(wb, scale_pair(w, r3 + oa, r3 + ob), xb, dx, c, a3)
+        a3 = _step(qt, wb, scale_pair(w, r3 + oa, r3 + ob), xb, dx, c, a3)
     if _has_min(qt):  # the block minimums' term, 16 blocks per FMA
         G = xs.shape[1] // 16
         for g in range(G):
@@ -240,13 +249,13 @@ def _unpack_tile(w, qt, n0, nc, nb, P, G, tb, td, tm):
 
 
 @njit(inline="always")
-def _row(xq, xd, xc, xp, ws, ds, a0, a1, a2, a3):
+def _row(qt, xq, xd, xc, xp, ws, ds, a0, a1, a2, a3):
     """One activation pair (flat pair index xp) against the 4 tile rows' pairs."""
     xb, dx, c = load_b64(xq, xp * 64), vload(xd, xp * 16), load_i16(xc, xp * 16)
-    a0 = _step(ws[0], ds[0], xb, dx, c, a0)
-    a1 = _step(ws[1], ds[1], xb, dx, c, a1)
-    a2 = _step(ws[2], ds[2], xb, dx, c, a2)
-    a3 = _step(ws[3], ds[3], xb, dx, c, a3)
+    a0 = _step(qt, ws[0], ds[0], xb, dx, c, a0)
+    a1 = _step(qt, ws[1], ds[1], xb, dx, c, a1)
+    a2 = _step(qt, ws[2], ds[2], xb, dx, c, a2)
+    a3 = _step(qt, ws[3], ds[3], xb, dx, c, a3)
     return a0, a1, a2, a3
 
 
@@ -283,10 +292,10 @@ def _micro(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums
             vload(td, (t2 + p) * 16),
             vload(td, (t3 + p) * 16),
         )
-        a00, a01, a02, a03 = _row(xq, xd, xc, x0 * P + p, ws, ds, a00, a01, a02, a03)
-        a10, a11, a12, a13 = _row(xq, xd, xc, x1 * P + p, ws, ds, a10, a11, a12, a13)
-        a20, a21, a22, a23 = _row(xq, xd, xc, x2 * P + p, ws, ds, a20, a21, a22, a23)
-        a30, a31, a32, a33 = _row(xq, xd, xc, x3 * P + p, ws, ds, a30, a31, a32, a33)
+        a00, a01, a02, a03 = _row(qt, xq, xd, xc, x0 * P + p, ws, ds, a00, a01, a02, a03)
+        a10, a11, a12, a13 = _row(qt, xq, xd, xc, x1 * P + p, ws, ds, a10, a11, a12, a13)
+        a20, a21, a22, a23 = _row(qt, xq, xd, xc, x2 * P + p, ws, ds, a20, a21, a22, a23)
+        a30, a31, a32, a33 = _row(qt, xq, xd, xc, x3 * P + p, ws, ds, a30, a31, a32, a33)
     if _has_min(qt):
         G = xs.shape[1] // 16
         t0, t1, t2, t3 = t0 // P * G, t1 // P * G, t2 // P * G, t3 // P * G

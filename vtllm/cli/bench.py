@@ -89,6 +89,10 @@ def run_bench(args) -> int:
         else:
             numerics = ["exact", "fast"]
         report, loaded = {"machine": machine()}, None
+        if "fast" in numerics and settings.device == "cpu":  # its dot product's spelling
+            from vtllm.kernels.cpu._int8simd import INT8_VARIANT
+
+            report["int8_kernels"] = INT8_VARIANT
         for name in numerics:
             # the later engine's peak: its own, over the weights it shares with the earlier one
             own_peak = loaded is None or _reset_peak_rss()

@@ -98,6 +98,7 @@ def start_rank(rank, group, config, model, num_blocks, max_model_len, threads):
 
     from vtllm.executor.backend import cpu_ops
     from vtllm.executor.communicator import ShmCommunicator
+    from vtllm.executor.host_memory import release_start_pages
     from vtllm.executor.kv_cache import allocate_kv_cache
     from vtllm.models.loader import load_model
     from vtllm.models.sharding import shard_weights
@@ -123,6 +124,7 @@ def start_rank(rank, group, config, model, num_blocks, max_model_len, threads):
         max_model_len=max_model_len,
     )
     comm.barrier()  # every rank has mapped the shared file: the engine may remove its name
+    release_start_pages(f"rank {rank} ready")  # as the engine's own start does
     return runner
 
 

@@ -12,10 +12,7 @@ point (decode_attention): --variant vtllm/kernels/cuda/_attention_ring.py times 
 kernel. --kv bfloat16: a cache of bf16 bits (2 bytes a value) and torch's K/V and q in bf16.
 --shapes 8B: only that shape. --cases 8B:8:1024,8B:16:1024 times those (shape:batch:context)
 cases instead of CASES. --geometries 4:3:168,2:3:128 sweeps a ring module's (warps, stages,
-registers) for the cache type in use, without copies of the module. --fold times the ring
-kernel twice beside ours, with the combine launch ("ring") and with the row's fold in its last
-block ("ring+fold", _attention_ring.FOLD); max err 0 says both give our bits:
-    python -m bench.gpu_attention --kv bfloat16 --fold --cases 8B:1:512,8B:32:512,8B:64:512
+registers) for the cache type in use, without copies of the module.
     python -m bench.gpu_attention --prefill 512,1024,4096 [--variant FILE ...]
 times the prefill path instead (one prompt of n tokens attending causally to itself, no
 scratch; --kv as above) against torch's causal scaled_dot_product_attention; a variant may be
@@ -35,7 +32,6 @@ import torch
 from numba import cuda
 
 from bench.gpu_linear import numba_us, torch_us
-from vtllm.kernels.cuda import _attention_ring as attention_ring
 from vtllm.kernels.cuda import _attention_split as attention_split
 from vtllm.kernels.cuda.attention import make_scratch, paged_attention
 from vtllm.models.synthetic import to_bf16_bits
@@ -106,12 +102,9 @@ def main():
     p.add_argument("--kv", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--shapes", default=",".join(SHAPES), help="which of " + ", ".join(SHAPES))
     p.add_argument("--cases", default="", help="shape:batch:context,... instead of CASES")
-    p.add_argument("--fold", action="store_true", help="the ring kernel with and without FOLD")
     args = p.parse_args()
     shapes = args.shapes.split(",")
     mods = [("ours", attention_split)] + [(Path(v).stem, load(v)) for v in args.variant]
-    if args.fold:
-        mods += [("ring", RingFold(False)), ("ring+fold", RingFold(True))]
     if args.prefill:
         return bench_prefill(mods, [int(n) for n in args.prefill.split(",")], shapes, args.kv)
     targets = [int(t) for t in args.targets.split(",") if t]
@@ -168,27 +161,6 @@ def main():
                 f"{gb / us:6.0f} {peer:8.1f} {gb / peer:6.0f} {err:8.1e}"
             )
         torch.cuda.empty_cache()
-
-
-class RingFold:
-    """_attention_ring with its fold set (--fold); TARGET_BLOCKS and GEOMETRY are the
-    module's own, so --targets and --geometries reach it."""
-
-    GEOMETRY = attention_ring.GEOMETRY
-
-    def __init__(self, fold: bool):
-        self.fold = fold
-
-    @property
-    def TARGET_BLOCKS(self):  # noqa: N802 (the module constant's name)
-        return attention_ring.TARGET_BLOCKS
-
-    @TARGET_BLOCKS.setter
-    def TARGET_BLOCKS(self, value):  # noqa: N802
-        attention_ring.TARGET_BLOCKS = value
-
-    def decode_attention(self, *args, stream=0):
-        attention_ring.decode_attention(*args, fold=self.fold, stream=stream)
 
 
 def runs(mods, targets, geometries, cache_type):

@@ -133,8 +133,7 @@ def test_bf16_cache_matches_reference(rng, case, path):
 def test_ring_kernel_gives_the_split_kernels_bits(rng, case, kv, monkeypatch):
     """attention_ring's decode kernel (warps streaming their own splits) against the split
     kernel on the same step: the same out bits, also when each warp loops over several splits
-    and with a bad block-table entry (its rows unwritten by both), with the combine launch or
-    the fold in the row's last block."""
+    and with a bad block-table entry (its rows unwritten by both)."""
     hq, hk, d, bs, seqs = case
     k_cache, v_cache, tables, seq_lens, qsl, slots = build(rng, hk, d, bs, seqs)
     if kv == "bfloat16":
@@ -146,17 +145,15 @@ def test_ring_kernel_gives_the_split_kernels_bits(rng, case, kv, monkeypatch):
     args = (dev(q), dev(k_cache), dev(v_cache), dev(tables), dev(seq_lens), dev(qsl), d**-0.5)
     scratch = make_scratch(t, hq, d, int(seq_lens.max()) + 1)
 
-    def run(mod, **kw):
+    def run(mod):
         out = poisoned((t, hq, d))
-        mod.decode_attention(*args, out, scratch, **kw)
+        mod.decode_attention(*args, out, scratch)
         return host(out)
 
     want = run(attention_split)
-    np.testing.assert_array_equal(run(attention_ring, fold=False), want)
-    np.testing.assert_array_equal(run(attention_ring, fold=True), want)  # blocks of a row fold
-    assert not host(scratch[2]).any(), "the folding blocks put the counts back to zero"
+    np.testing.assert_array_equal(run(attention_ring), want)
     monkeypatch.setattr(attention_ring, "TARGET_BLOCKS", 1)
-    np.testing.assert_array_equal(run(attention_ring, fold=False), want)
+    np.testing.assert_array_equal(run(attention_ring), want)
     rows = slice(int(qsl[longest]), int(qsl[longest + 1]))
     assert np.isnan(want[rows][-1]).all(), "the row that reaches the bad entry is unwritten"
     live = qsl[-1]

@@ -16,7 +16,7 @@ import numpy as np
 from numba import cuda, float32
 
 from vtllm.kernels import check_attention_shapes
-from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, fma32, fmax, imin
+from vtllm.kernels.cuda._device import NEG_INF, fma32, fmax, imin
 from vtllm.kernels.cuda._host import check
 from vtllm.kernels.cuda._kv_cache import check_kv, kv_value4_at
 from vtllm.kernels.cuda._ptx import grid_dependency_sync, item_at
@@ -222,95 +222,16 @@ def _combine_kernel(part_acc, part_ml, block_tables, seq_lens, query_start_loc, 
     out[t, h, tid] = a / l
 
 
-if SIMULATOR:
-
-    def load_l2(a, i):
-        return a[np.unravel_index(i, a.shape)]
-
-    def fence_gpu():
-        pass
-
-else:
-    from llvmlite import ir
-    from numba.cuda import types
-    from numba.cuda.extending import intrinsic
-
-    from vtllm.kernels.cuda._ptx import _statement
-
-    # Orders this thread's memory accesses, and those a barrier ordered before them, against
-    # its later ones for the whole GPU (`fence.acq_rel.gpu`): the release and acquire around
-    # a count of blocks done, lighter than cuda.threadfence's sequentially consistent fence.
-    fence_gpu = _statement("fence.acq_rel.gpu;")
-
-    @intrinsic
-    def load_l2(typingctx, a, i):
-        """The float32 at flat offset i of a C-contiguous array, read from L2
-        (`ld.global.cg`), kept after the fences and barriers before it: data other blocks
-        of this launch wrote, which a line this SM's L1 held from an earlier read must not
-        hide."""
-        if a.dtype != types.float32 or not isinstance(i, types.Integer):
-            return None
-        sig = types.float32(a, i)
-
-        def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            ptr = builder.gep(ary.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
-            fnty = ir.FunctionType(ir.FloatType(), [ptr.type])
-            asm = ir.InlineAsm(fnty, "ld.global.cg.f32 $0, [$1];", "=f,l,~{memory}", True)
-            return builder.call(asm, [ptr])
-
-        return sig, codegen
-
-
-FOLD_BATCH = 16  # splits whose states fold_row loads before folding them
-
-
-@cuda.jit(device=True)
-def fold_row(part_acc, part_ml, t, h0, group, tid, threads, n, out):
-    """out[t, h0 .. h0 + group - 1] <- the in-order fold of the row's n split states, as
-    _combine_kernel folds them (the same sums, so the same bits), by the `threads` threads of
-    one block; a head with a split marked bad (a negative sum) is left unwritten. For a kernel
-    whose last block of a row folds what its other blocks wrote in the same launch: reads
-    through L2 (load_l2), FOLD_BATCH splits' loads in flight before they are folded (the
-    fold lengthens the block's life by a trip to L2 a batch)."""
-    Hq, N, D = part_acc.shape[1], part_acc.shape[2], part_acc.shape[3]
-    pm = cuda.local.array(FOLD_BATCH, float32)
-    pl = cuda.local.array(FOLD_BATCH, float32)
-    pa = cuda.local.array(FOLD_BATCH, float32)
-    for g in range(group):  # (no e // D: numba's 64-bit division is a subroutine call)
-        h = h0 + g
-        for col in range(tid, D, threads):
-            ml_at = (t * Hq + h) * N * 2  # part_ml[t, h, 0, 0]
-            acc_at = (t * Hq + h) * N * D + col  # part_acc[t, h, 0, col]
-            m, l, a = NEG_INF, np.float32(0.0), np.float32(0.0)
-            bad = False
-            for sp0 in range(0, n, FOLD_BATCH):
-                for u in range(FOLD_BATCH):
-                    sp = imin(sp0 + u, n - 1)
-                    pm[u] = load_l2(part_ml, ml_at + 2 * sp)
-                    pl[u] = load_l2(part_ml, ml_at + 2 * sp + 1)
-                    pa[u] = load_l2(part_acc, acc_at + sp * D)
-                for u in range(FOLD_BATCH):
-                    if sp0 + u < n:
-                        bad = bad or pl[u] < 0
-                        m, l, a = _fold(m, l, a, pm[u], pl[u], pa[u])
-            if not bad:
-                out[t, h, col] = a / l
-
-
 def supports(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     return head_dim <= MAX_DIM and head_dim % 4 == 0 and num_heads // num_kv_heads <= MAX_GROUP
 
 
 def make_scratch(rows: int, num_heads: int, head_dim: int, max_positions: int, *, stream=0):
-    """Partial states for the one-block-per-split path: rows x heads x splits, and per row and
-    kv head the count of blocks done (zeros; a kernel that folds in its last block counts
-    there and puts the zero back)."""
+    """Partial states for the one-block-per-split path: rows x heads x splits."""
     n = splits_for(max_positions)
     return (
         cuda.device_array((rows, num_heads, n, head_dim), np.float32, stream=stream),
         cuda.device_array((rows, num_heads, n, 2), np.float32, stream=stream),
-        cuda.to_device(np.zeros((rows, num_heads), np.int32), stream=stream),
     )
 
 

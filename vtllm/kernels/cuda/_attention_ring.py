@@ -45,7 +45,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, uint32
 
 from vtllm.kernels.cuda._attention_common import (
     MAX_DIM,
@@ -55,8 +55,6 @@ from vtllm.kernels.cuda._attention_common import (
     _row,
     _slot_of_slot,
     block_shift,
-    fence_gpu,
-    fold_row,
 )
 from vtllm.kernels.cuda._attention_split import checked_rope_args, no_rope_args
 from vtllm.kernels.cuda._device import (
@@ -94,10 +92,6 @@ STATES = 2 * MAX_GROUP  # a split's max and sum per head
 # decode grid size to aim for: about four blocks an SM on a 132-SM GPU, of which three fit at
 # once, so the last wave is small; chosen by a sweep of grid sizes (BENCHMARKS.md, Kernels)
 TARGET_BLOCKS = 528
-# The row's fold in the kernel's last block of the row (fold_row), not a combine launch: saves
-# the launch and the scratch's trip back from HBM (its states are read from L2 right after
-# they are written). Opt-in until a card has timed it (bench/gpu_attention.py --fold).
-FOLD = False
 
 
 def _stage_words(head_dim: int, itemsize: int) -> int:
@@ -260,21 +254,13 @@ def _split_rows(block_tables, table_at, sp, n_keys, bs, shift, num_blocks, Hk, h
 
 
 def _kernel_for(
-    rope: bool,
-    fold: bool,
-    group: int,
-    head_dim: int,
-    itemsize: int,
-    warps: int,
-    stages: int,
-    registers: int,
+    rope: bool, group: int, head_dim: int, itemsize: int, warps: int, stages: int, registers: int
 ):
     """The split kernel (module docstring) for GQA groups of `group` query heads of head_dim
     dims over a cache of itemsize-byte values, blocks of `warps` warps and rings of `stages`
     stages (constants of the kernel: its
     loops have fixed trip counts, one copy of the code each); with rope it reads q from qkv
-    and does qkv_rope's work for its row first (rope_attention); with fold the last of a row's
-    blocks to finish folds the row's split states into out (no combine launch)."""
+    and does qkv_rope's work for its row first (rope_attention)."""
     assert stages <= -(-head_dim // CHUNK) + SPLIT // V_KEYS  # the prologue's items: one split's
     threads = 32 * warps
     k_items = -(-head_dim // CHUNK)
@@ -301,8 +287,6 @@ def _kernel_for(
         k_norm,
         eps,
         has_norm,
-        out,
-        counts,
     ):
         grid_dependency_sync()
         t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
@@ -411,7 +395,7 @@ def _kernel_for(
         trips = count
         if SIMULATOR:  # warp 0's count: every thread makes the same (block) barriers
             trips = (n_splits - z * warps + step - 1) // step
-        elif count == 0 and not fold:  # (a folding block's warps meet at its barrier)
+        elif count == 0:
             return
         units = D // 4
         words4 = kv_words4(k_cache)
@@ -519,57 +503,13 @@ def _kernel_for(
                         part_ml[t, h, sp, 0] = ml[2 * g]
                         part_ml[t, h, sp, 1] = ml[2 * g + 1] if split_bad == 0 else -1.0
             row, bad = row_next, bad_next
-        if fold:
-            _fold_if_last(
-                part_acc,
-                part_ml,
-                counts,
-                out,
-                G,
-                threads,
-                query_start_loc,
-                seq_lens,
-                block_tables,
-                bs,
-            )
 
     return kernel
 
 
-@cuda.jit(device=True)
-def _fold_if_last(
-    part_acc, part_ml, counts, out, G, threads, query_start_loc, seq_lens, block_tables, bs
-):
-    """The block's split states published, it counts itself done for (row t, kv head hk); the
-    last of the row's blocks with splits folds them all into out (fold_row: the combine's bits)
-    and puts the count back to zero for the next launch. Every thread of the block calls it."""
-    last = cuda.shared.array(1, int32)
-    cuda.syncthreads()  # every thread's states stored
-    t, hk, nz, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.gridDim.z, cuda.threadIdx.x
-    _, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
-    n_splits = (n_keys + SPLIT - 1) // SPLIT
-    if tid == 0:  # (the fences are cumulative: they cover what the barriers ordered)
-        blocks = imin(nz, (n_splits + threads // 32 - 1) // (threads // 32))  # those with splits
-        fence_gpu()  # release: the block's states before its count
-        last[0] = 1 if cuda.atomic.add(counts, (t, hk), 1) == blocks - 1 else 0
-        fence_gpu()  # acquire: the states of the blocks counted before, after it
-    cuda.syncthreads()
-    if last[0] == 1:
-        fold_row(part_acc, part_ml, t, hk * G, G, tid, threads, n_splits, out)
-        if tid == 0:
-            counts[t, hk] = 0
-
-
 @functools.cache
-def _kernel(
-    rope: bool,
-    fold: bool,
-    group: int,
-    head_dim: int,
-    itemsize: int,
-    geometry: tuple[int, int, int],
-):
-    return _kernel_for(rope, fold, group, head_dim, itemsize, *geometry)
+def _kernel(rope: bool, group: int, head_dim: int, itemsize: int, geometry: tuple[int, int, int]):
+    return _kernel_for(rope, group, head_dim, itemsize, *geometry)
 
 
 def _launch(
@@ -585,10 +525,8 @@ def _launch(
     scratch,
     rope_args,
     stream,
-    fold,
 ) -> None:
-    """The split kernel over blocks (row, kv head, z), then the combine (or, with fold, the
-    fold in the kernel's last block of each row)."""
+    """The split kernel over blocks (row, kv head, z), then the combine."""
     T, Hq, D = out.shape
     Hk, bs = k_cache.shape[2], k_cache.shape[1]
     part_acc, part_ml = scratch[0][:T], scratch[1][:T]
@@ -598,7 +536,7 @@ def _launch(
     # with a warp per split of the longest context, a batch of short rows launches mostly
     # empty blocks
     nz = min(-(-part_acc.shape[2] // warps), max(1, -(-TARGET_BLOCKS // (T * Hk))))
-    kernel = _kernel(rope, fold, Hq // Hk, D, k_cache.dtype.itemsize, geometry)
+    kernel = _kernel(rope, Hq // Hk, D, k_cache.dtype.itemsize, geometry)
     args = (
         q,
         k_cache,
@@ -610,35 +548,19 @@ def _launch(
         part_acc,
         part_ml,
         *rope_args,
-        out,
-        scratch[2],
     )
     nbytes = shared_bytes(Hq // Hk, D, k_cache.dtype.itemsize, warps, stages)
     allow_dynamic_shared(kernel, args, nbytes)
     kernel[(T, Hk, nz), 32 * warps, stream, nbytes](*args)
-    if fold:
-        return
     _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](
         part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out
     )
 
 
 def decode_attention(
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    seq_lens,
-    query_start_loc,
-    scale,
-    out,
-    scratch,
-    *,
-    fold=None,
-    stream=0,
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, scratch, *, stream=0
 ) -> None:
-    """As _attention_split.decode_attention (the same arguments and bits); fold: the row's
-    fold in the kernel rather than a combine launch (None: FOLD)."""
+    """As _attention_split.decode_attention (the same arguments and bits)."""
     T, Hq, D = q.shape
     _launch(
         False,
@@ -653,7 +575,6 @@ def decode_attention(
         scratch,
         no_rope_args(),
         stream,
-        FOLD if fold is None else fold,
     )
 
 
@@ -674,11 +595,9 @@ def rope_attention(
     *,
     q_norm=None,
     k_norm=None,
-    fold=None,
     stream=0,
 ) -> None:
-    """As _attention_split.rope_attention (the same arguments, checks and bits); fold as
-    decode_attention's."""
+    """As _attention_split.rope_attention (the same arguments, checks and bits)."""
     rope = checked_rope_args(
         qkv,
         k_cache,
@@ -709,5 +628,4 @@ def rope_attention(
             scratch,
             rope,
             stream,
-            FOLD if fold is None else fold,
         )

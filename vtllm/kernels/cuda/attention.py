@@ -16,9 +16,8 @@ paged_attention:
   - shapes the split kernels take (_attention_common.supports: head_dim <= 128 and a multiple
     of 4, Hq / Hk <= 8), unless split=False:
       - rows that fit the scratch (decode steps): each row's keys spread over blocks, the
-        split states folded by the combine (or, with _attention_ring.FOLD, by the ring
-        kernel's last block of the row: the same fold); the ring kernel (_attention_ring)
-        from RING_MIN_ROWS rows on, the split kernel (_attention_split) below;
+        split states folded by the combine; the ring kernel (_attention_ring) from
+        RING_MIN_ROWS rows on, the split kernel (_attention_split) below;
       - more rows than the scratch holds (a prefill, or decodes with prompt chunks beside
         them): from RING_MIN_ROWS rows on, the scratch's worth of leading rows through the ring
         kernel (the scheduler puts decode rows first), and the rest through the prefill kernel
@@ -78,9 +77,8 @@ RING_MIN_ROWS = 4
 
 
 def scratch_row_bytes(num_heads: int, head_dim: int, max_positions: int) -> int:
-    """Bytes of make_scratch's arrays per row: a split state (acc, max, sum) per head and
-    split, and a count per head."""
-    return 4 * num_heads * (splits_for(max_positions) * (head_dim + 2) + 1)
+    """Bytes of make_scratch's pair per row: a split state (acc, max, sum) per head and split."""
+    return 4 * num_heads * splits_for(max_positions) * (head_dim + 2)
 
 
 def qkv_attention(
@@ -188,7 +186,7 @@ def paged_attention(
     attends to positions 0..itself through block_tables[s]. Query head h reads kv head
     h // (Hq // Hk). Rows of q outside every sequence are left unwritten in out.
 
-    scratch (make_scratch's arrays) lets decode-sized steps spread each row over many blocks;
+    scratch (make_scratch's pair) lets decode-sized steps spread each row over many blocks;
     split=False runs the general kernel whatever the shape; flash (opt-in) sends the rows that
     would go to the prefill kernel to the flash kernel where it takes the cache and shape
     (tensor cores; other bits: _attention_flash). window > 0: query i sees only its last

@@ -113,6 +113,8 @@ fuzz: venv
 
 # The ray extra, then tests/distributed on a local Ray cluster of CPU workers: tensor ranks as
 # Ray actors, data-parallel replicas behind one endpoint (make test skips them without Ray).
+# Not a CI phase: CI's 45 minutes are taken by make test and the simulator; run it by hand
+# (about 3 minutes on 2 cores with the wheel downloaded) when the distributed code changes.
 $(VENV)/.installed-ray: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,ray]'
 	touch $@

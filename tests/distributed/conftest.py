@@ -1,5 +1,5 @@
 """One local Ray cluster of CPU workers per test module (ray.init takes seconds). Without the
-`ray` extra these tests skip: `make test-distributed` installs it and runs them in CI."""
+`ray` extra these tests skip: `make test-distributed` installs it and runs them."""
 
 import pytest
 

@@ -12,6 +12,7 @@ Each simulated forward costs seconds of CPU: the runner cases share one referenc
 import numpy as np
 import pytest
 
+from tests.kernels_cuda.helpers import SIMULATOR
 from vtllm.models.loader import load_model
 from vtllm.models.synthetic import write_checkpoint
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan
@@ -126,6 +127,9 @@ def test_tokens_equal_one_token_steps_with_drafts_right_and_wrong(loaded, refere
         np.testing.assert_array_equal(_bits(a.top_logprobs), _bits(b.top_logprobs))
 
 
+# ~3 minutes of the simulator: on the card only (make test-gpu), beside tests/gpu/test_spec_cuda;
+# the graphs' keys and padded metadata are tested on any machine (tests/engine/test_spec_decode).
+@pytest.mark.skipif(SIMULATOR, reason="on the card only: ~3 minutes under the simulator")
 def test_graphed_steps_with_fewer_drafts_than_rounds(loaded, reference, monkeypatch):
     """The graphed path (graphs of 3 rounds): a step with two drafts (the first right), then
     one with two right drafts, whose last round draws nothing, padded into the graph of one

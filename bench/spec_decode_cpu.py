@@ -67,14 +67,23 @@ def compare(plain, spec, run_prompts, prompts, params, repeats: int) -> dict:
     """Best tok/s of each engine over the repeats of run_prompts(llm, prompts, params) ->
     (seconds, tokens, outputs), the ratio, the speculative runs' acceptance and whether the
     outputs agree."""
-    best, outputs = {}, {}
+    best, outputs, steps = {}, {}, {}
     stats = spec.scheduler.spec_stats
     drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+    num_drafts = stats.num_drafts
     for _ in range(repeats):
         for label, llm in (("plain", plain), ("speculative", spec)):
+            before = _loop_counters(llm.loop)
             seconds, tokens, outputs[label] = run_prompts(llm, prompts, params)
+            after = _loop_counters(llm.loop)
+            spent = [b - a for a, b in zip(before, after, strict=True)]
+            so_far = steps.get(label, (0, 0.0, 0.0))
+            steps[label] = [a + b for a, b in zip(so_far, spent, strict=True)]
             best[label] = max(best.get(label, 0.0), tokens / seconds if seconds else 0.0)
     drafted, accepted = stats.num_draft_tokens - drafted, stats.num_accepted_tokens - accepted
+    emitted = sum(map(len, outputs["speculative"])) * repeats
+    spec_steps, host_s, wait_s = steps["speculative"]
+    plain_steps, plain_host_s, plain_wait_s = steps["plain"]
     return {
         "plain_tok_s": round(best["plain"], 1),
         "speculative_tok_s": round(best["speculative"], 1),
@@ -82,7 +91,25 @@ def compare(plain, spec, run_prompts, prompts, params, repeats: int) -> dict:
         "draft_tokens": drafted,
         "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
         "outputs_equal": outputs["plain"] == outputs["speculative"],
+        # where a speculative step's time goes (every repeat): tokens a step emits, steps that
+        # carried drafts, and the event loop's host and waiting time a step, each engine
+        "tokens_per_step": round(emitted / spec_steps, 2) if spec_steps else None,
+        "steps_with_drafts": f"{stats.num_drafts - num_drafts} of {spec_steps}",
+        "host_wait_us_per_step": _per_step(host_s, wait_s, spec_steps),
+        "plain_host_wait_us_per_step": _per_step(plain_host_s, plain_wait_s, plain_steps),
     }
+
+
+def _loop_counters(loop) -> tuple[int, float, float]:
+    """(steps launched, host seconds, seconds waiting for steps) of an engine's step loop."""
+    host, wait, _idle = loop.time_split(time.perf_counter())
+    return loop.num_steps, host, wait
+
+
+def _per_step(host_s: float, wait_s: float, steps: int) -> str | None:
+    if not steps:
+        return None
+    return f"{host_s / steps * 1e6:.0f} / {wait_s / steps * 1e6:.0f}"
 
 
 def arguments(description: str) -> argparse.ArgumentParser:

@@ -37,6 +37,7 @@ from vtllm.scheduler.plan import Chunk, SampledToken, SeatedRequest, StepPlan, S
 from vtllm.scheduler.request import Request
 from vtllm.scheduler.sampling_params import SamplingParams
 from vtllm.scheduler.scheduler import Scheduler
+from vtllm.scheduler.speculative import NgramProposer
 
 VOCAB = 24
 # steps of five running requests or more carry no drafts (the KV pool seldom holds more)
@@ -150,6 +151,18 @@ def plain(tiny):
     return work, _run(tiny, work, 1, None)[0]
 
 
+def odd_requests_wait(monkeypatch) -> None:
+    """At depth 2, requests r1, r3, ... always wait for their token in flight (as a draft
+    model's do), the others only where the n-gram lookup expects a proposal: both rules in one
+    run, and enough speculative runs for stop strings to cut."""
+    lookup = NgramProposer.expects
+
+    def expects(self, req):
+        return int(req.request_id[1:]) % 2 == 1 or lookup(self, req)
+
+    monkeypatch.setattr(NgramProposer, "expects", expects)
+
+
 @pytest.mark.parametrize("depth", [1, 2])
 def test_speculation_changes_no_output(tiny, plain, depth, monkeypatch):
     work, expected = plain
@@ -163,6 +176,8 @@ def test_speculation_changes_no_output(tiny, plain, depth, monkeypatch):
         return out
 
     monkeypatch.setattr(loop_module, "push_run", spy)
+    if depth == 2:
+        odd_requests_wait(monkeypatch)
     results, scheduler, shadow_checks = _run(tiny, work, depth, SPEC)
     assert shadow_checks > 10 or depth == 1
     for request_id, *_ in work:
@@ -170,7 +185,7 @@ def test_speculation_changes_no_output(tiny, plain, depth, monkeypatch):
     stats = scheduler.spec_stats
     # proposals hit, at later positions too, and miss
     assert stats.num_accepted_tokens > 30 and stats.accepted_per_pos[1] > 0, stats
-    assert stats.num_draft_tokens > 2 * stats.num_accepted_tokens, stats
+    assert stats.num_draft_tokens - stats.num_accepted_tokens > 20, stats  # rejected ones
     assert scheduler.num_preemptions > 0
     assert any(isinstance(r[4], str) for r in expected.values()), "a stop string should hit"
     assert sum(bool(r[2]) for r in expected.values()) >= 3, "prompt logprobs"

@@ -11,7 +11,7 @@ with the target as its own draft model (whose greedy drafts are then accepted, n
 import anyio
 import pytest
 
-from tests.engine.test_spec_decode import SPEC, VOCAB, _serve, _workload
+from tests.engine.test_spec_decode import SPEC, VOCAB, _serve, _workload, odd_requests_wait
 from vtllm.config import resolve
 from vtllm.engine.build import build_parts
 from vtllm.engine.loop import StepLoop
@@ -82,8 +82,10 @@ def plain(target):
 
 
 @pytest.mark.parametrize("depth", [1, 2])
-def test_ngram_speculation_changes_no_output(target, plain, depth, replayed):
+def test_ngram_speculation_changes_no_output(target, plain, depth, replayed, monkeypatch):
     work, expected = plain
+    if depth == 2:
+        odd_requests_wait(monkeypatch)
     results, scheduler = _run(target[1], work, depth, GPU_SPEC, replayed=replayed)
     for request_id, *_ in work:
         assert results[request_id] == expected[request_id], request_id
@@ -91,12 +93,13 @@ def test_ngram_speculation_changes_no_output(target, plain, depth, replayed):
     assert len(speculative) > 20 and len({b for b, _ in speculative}) > 1, replayed
     stats = scheduler.spec_stats
     assert stats.num_accepted_tokens > 30 and stats.accepted_per_pos[1] > 0, stats
-    assert stats.num_draft_tokens > 2 * stats.num_accepted_tokens, stats
+    assert stats.num_draft_tokens - stats.num_accepted_tokens > 20, stats  # rejected ones
     assert scheduler.num_preemptions > 0
 
 
-def test_graphs_off_gives_the_same_outputs(target, plain, replayed):
+def test_graphs_off_gives_the_same_outputs(target, plain, replayed, monkeypatch):
     work, expected = plain
+    odd_requests_wait(monkeypatch)
     results, scheduler = _run(target[1], work, 2, GPU_SPEC, graphs=False, replayed=replayed)
     assert results == expected
     assert not replayed and scheduler.spec_stats.num_accepted_tokens > 30

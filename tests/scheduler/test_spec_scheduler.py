@@ -225,6 +225,29 @@ def test_drafts_respect_max_tokens_and_budget():
     scheduler.check_invariants()
 
 
+def test_depth_2_without_drafts_where_no_proposal_is_expected():
+    """A token in flight and no drafts with it: where the known tokens end in an n-gram seen
+    before, the request waits for the token (a proposal is likely); elsewhere it is planned
+    again at once, at the placeholder's position, without drafts."""
+    scheduler = Scheduler(config(3, max_num_batched_tokens=64, num_blocks=64))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    plain = Request("plain", [2, 3, 4, 5, 6], params, seed=1)
+    repeats = Request("repeats", [7, 8, 9, 7, 8], params, seed=1)  # 7 8 occurred before
+    scheduler.add_request(plain)
+    scheduler.add_request(repeats)
+    prompts = scheduler.schedule()
+    (chunk,) = scheduler.schedule().chunks  # both prompts in flight
+    assert (chunk.slot, chunk.start, chunk.num_tokens) == (plain.slot, 5, 1)
+    assert chunk.draft_token_ids == [] and plain.num_placeholders == 2
+    scheduler.check_invariants()
+    scheduler.update(StepResult(prompts.step_id, [SampledToken(0, 10), SampledToken(1, 9)]))
+    plan = scheduler.schedule()  # repeats: its token known, the lookup proposes 7 8 9 ...
+    by_slot = {c.slot: c for c in plan.chunks}
+    assert by_slot[repeats.slot].draft_token_ids == [7, 8, 9]
+    assert (by_slot[plain.slot].start, by_slot[plain.slot].draft_token_ids) == (6, [])
+    scheduler.check_invariants()
+
+
 def test_rejected_positions_roll_back():
     scheduler = Scheduler(config(3, max_num_batched_tokens=64, num_blocks=64, block_size=2))
     prompt = [2, 3, 4, 2, 3]  # with the output 4, the suffix 2 3 4 occurred: proposes 2 3 4

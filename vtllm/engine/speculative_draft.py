@@ -68,6 +68,10 @@ class DraftModelProposer:
         state.tokens = np.concatenate([known, np.asarray(drafts[:-1], np.int32)])
         return drafts
 
+    def expects(self, req: Request) -> bool:
+        """A draft model proposes at every step: a speculating request waits for its token."""
+        return True
+
     def forget(self, req: Request) -> None:
         state = self._states.pop(req.request_id, None)
         if state is not None:

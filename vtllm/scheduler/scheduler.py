@@ -17,10 +17,12 @@ carries up to k proposed tokens after its last token, and the executor returns b
 k + 1 tokens for it. How many is unknown until the result is read, so the next position of a
 speculating request is unknown too: such a request is not planned again while its step is in
 flight (it runs at depth 1; the rest of the batch keeps depth 2), unless the batch is too large
-to speculate (speculative_disable_by_batch_size): then it runs at depth 2 without drafts, and
-waits for its last token again once the batch shrinks. Planning its next step from
-a guess would waste a step whenever a proposal is rejected, and the proposal itself needs the
-last token, which only the result brings. The law still holds: a speculating request's
+to speculate (speculative_disable_by_batch_size), or its in-flight step carries no drafts and
+the proposer expects none once the token in flight is known (n-gram: the known tokens' own
+suffix has no earlier occurrence): then it runs at depth 2 without drafts, and waits for its
+last token again once a proposal looks likely. Planning its next step from a guess would waste
+a step whenever a proposal is rejected, and the proposal itself needs the last token, which
+only the result brings. The law still holds: a speculating request's
 tokens are what one-token steps would sample (the executor accepts a draft only when its own
 draw at that position gives it), and it is planned from host-known tokens only, at any depth.
 update() rolls back the rejected positions: the request's computed count moves back to its
@@ -197,7 +199,13 @@ class Scheduler:
             num_out, ph = len(req.output_token_ids), req.num_placeholders
             if ph and (
                 num_out + ph >= req.max_output_tokens
-                or (req.speculates and (req.drafts_in_flight or may_speculate(cfg, len(running))))
+                or (
+                    req.speculates
+                    and (
+                        req.drafts_in_flight
+                        or (may_speculate(cfg, len(running)) and self.proposer.expects(req))
+                    )
+                )
             ):
                 # speculating: its next position is known once its step is read, and a
                 # proposal needs its last token (docstring); else its last token is in flight:

@@ -95,15 +95,23 @@ def known_tokens(req: Request) -> np.ndarray:
 
 
 class NgramProposer:
-    """Prompt lookup. A proposer has two methods: propose(req, k) -> up to k drafts after the
-    request's known tokens, and forget(req) when the request ends (the scheduler calls both;
-    engine/speculative_draft.py has the draft-model proposer)."""
+    """Prompt lookup. A proposer has three methods: propose(req, k) -> up to k drafts after the
+    request's known tokens; expects(req) -> whether a request whose last token is still in
+    flight is likely to get drafts once it is known (else the scheduler plans it at depth 2
+    without drafts rather than waiting for the token); and forget(req) when the request ends
+    (engine/speculative_draft.py has the draft-model proposer)."""
 
     def __init__(self, config: SchedulerConfig):
         self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
 
     def propose(self, req: Request, k: int) -> list[int]:
         return propose_ngram(known_tokens(req), k, self.min_n, self.max_n)
+
+    def expects(self, req: Request) -> bool:
+        """Whether the known tokens (the one in flight excluded) end in an n-gram that occurred
+        before: inside text that repeats, the next lookup likely matches too; elsewhere waiting
+        for the token would cost the step's overlap for a proposal that rarely comes."""
+        return bool(propose_ngram(known_tokens(req), 1, self.min_n, self.max_n))
 
     def forget(self, req: Request) -> None:
         pass

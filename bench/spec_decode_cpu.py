@@ -123,6 +123,12 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--concurrency", default="", help="serving rates of N prompts at once, e.g. 8,64"
     )
+    parser.add_argument(
+        "--always-wait",
+        action="store_true",
+        help="a speculating request always waits for its token in flight (the rule before "
+        "NgramProposer.expects), for an A/B of the depth-2 rule",
+    )
     return parser
 
 
@@ -134,6 +140,10 @@ def run(args, model: str | None = None, **knobs) -> int:
     """The report of both sets with an LLM of `model` and `knobs` (vtllm.config settings),
     once without and once with args.speculative_config, sharing the loaded weights."""
     from vtllm import LLM, SamplingParams
+    from vtllm.scheduler.speculative import NgramProposer
+
+    if args.always_wait:
+        NgramProposer.expects = lambda self, req: True
 
     plain = LLM(model, **knobs)
     spec = LLM(
@@ -143,6 +153,7 @@ def run(args, model: str | None = None, **knobs) -> int:
     report = {"machine": machine(), "max_tokens": args.max_tokens, "model": plain.loaded.name}
     report.update(knobs)
     report["speculative_config"] = json.loads(args.speculative_config)
+    report["always_wait"] = args.always_wait
     for llm in (plain, spec):
         llm.generate(["warm up"], SamplingParams(temperature=0.0, max_tokens=4))
     rendered = {}

@@ -1,21 +1,21 @@
-"""The GPU Communicator: NCCL through ctypes, from the `nvidia-nccl-cu13` wheel (as vLLM's
-pynccl binds it), so the CUDA backend's sharded ops can enqueue collectives on the step's
-stream, where a CUDA graph captures them like any kernel.
+"""The GPU communicator: NCCL through ctypes, from the `nvidia-nccl-cu13` wheel (the `cuda`
+extra; as vLLM's pynccl binds it), so the CUDA backend's sharded ops (executor/cuda_tp_ops)
+enqueue their collectives on the step's stream, where a CUDA graph captures them like any
+kernel (executor/device_communicator has the protocol).
 
-Not run yet: the machines this was written on have no second GPU (docs/tensor_parallel.md
-says what is left to check on a multi-GPU host). The CUDA backend refuses TP > 1 at start
-until its ops call this.
-
-Wire-up, per engine: the engine calls `unique_id()` once and hands the 128 bytes to every
-worker process; each worker binds its GPU, then `NcclCommunicator(unique_id, rank, world,
-stream)`. Arrays are numba.cuda device arrays (anything with __cuda_array_interface__).
-NCCL's ring all-reduce gives every rank the same bits, though not the CPU communicator's
-rank-order sum.
+Wire-up, per engine: the engine calls `unique_id()` once (its process then hosts NCCL's
+bootstrap root until every rank has joined) and hands the 128 bytes to every rank in an
+NcclGroup; each rank binds its GPU, then `NcclCommunicator(unique_id, rank, world)`. Arrays are
+numba.cuda device arrays (anything with __cuda_array_interface__). NCCL's ring or tree
+all-reduce gives every rank the same bits, though not the CPU communicator's rank-order sum.
+At world size 1, NCCL enqueues nothing for an in-place all-reduce and a device copy for an
+all-gather.
 """
 
 import ctypes
 import glob
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +34,14 @@ NCCL_TYPES = {  # ncclDataType_t
     np.dtype(np.float64): 8,
 }
 NCCL_BFLOAT16 = 9  # ml_dtypes.bfloat16 arrays, or uint16 bits marked as bf16 by the caller
+
+
+@dataclass(frozen=True, slots=True)
+class NcclGroup:
+    """What a rank needs to join (picklable, as executor/communicator's ShmGroup)."""
+
+    unique_id: bytes  # NcclCommunicator.unique_id(), made once by the engine
+    world_size: int
 
 
 class NcclUniqueId(ctypes.Structure):
@@ -116,12 +124,12 @@ def _nccl_type(array) -> int:
 
 
 class NcclCommunicator:
-    """The Communicator protocol (executor/communicator) over one NCCL communicator; every
-    call is enqueued on `stream` and returns at once (graph-capturable)."""
+    """executor/device_communicator's DeviceCommunicator over one NCCL communicator: every call
+    is enqueued on the stream it is given and returns at once (graph-capturable)."""
 
-    def __init__(self, unique_id: bytes, rank: int, world_size: int, stream, *, path=None):
+    def __init__(self, unique_id: bytes, rank: int, world_size: int, *, path=None):
         self.nccl = _Nccl(path or nccl_library_path())
-        self.rank, self.world_size, self.stream = rank, world_size, stream
+        self.rank, self.world_size = rank, world_size
         uid = NcclUniqueId()
         ctypes.memmove(uid.internal, unique_id, 128)
         comm = ctypes.c_void_p()
@@ -130,7 +138,7 @@ class NcclCommunicator:
             "ncclCommInitRank",
         )
         self.comm = comm
-        self._token = None  # a one-float device buffer barrier() reduces
+        self._token = self._stream = None  # barrier()'s one-float buffer and its own stream
 
     @staticmethod
     def unique_id(path=None) -> bytes:
@@ -140,24 +148,22 @@ class NcclCommunicator:
         nccl.check(nccl.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
         return bytes(uid.internal)
 
-    def all_reduce(self, x) -> None:
+    def all_reduce(self, x, *, stream) -> None:
+        if x.size == 0:
+            return
         ptr = _pointer(x)
         self.nccl.check(
             self.nccl.lib.ncclAllReduce(
-                ptr,
-                ptr,
-                x.size,
-                _nccl_type(x),
-                NCCL_SUM,
-                self.comm,
-                _stream_handle(self.stream),
+                ptr, ptr, x.size, _nccl_type(x), NCCL_SUM, self.comm, _stream_handle(stream)
             ),
             "ncclAllReduce",
         )
 
-    def all_gather(self, x, out) -> None:
+    def all_gather(self, x, out, *, stream) -> None:
         if tuple(out.shape) != (self.world_size, *x.shape):
             raise ValueError(f"all_gather of {x.shape} needs out {(self.world_size, *x.shape)}")
+        if x.size == 0:
+            return
         self.nccl.check(
             self.nccl.lib.ncclAllGather(
                 _pointer(x),
@@ -165,19 +171,21 @@ class NcclCommunicator:
                 x.size,
                 _nccl_type(x),
                 self.comm,
-                _stream_handle(self.stream),
+                _stream_handle(stream),
             ),
             "ncclAllGather",
         )
 
     def barrier(self) -> None:
-        """NCCL has no barrier: a one-float all-reduce, waited for on the host."""
+        """NCCL has no barrier: a one-float all-reduce on a stream of its own, waited for on
+        the host (never while a graph is being captured)."""
         from numba import cuda
 
         if self._token is None:
-            self._token = cuda.device_array(1, np.float32, stream=self.stream)
-        self.all_reduce(self._token)
-        self.stream.synchronize()
+            self._stream = cuda.stream()
+            self._token = cuda.device_array(1, np.float32, stream=self._stream)
+        self.all_reduce(self._token, stream=self._stream)
+        self._stream.synchronize()
 
     def close(self) -> None:
         if self.comm is not None:

@@ -33,6 +33,7 @@ from vtllm.executor.cuda_graphs import CudaGraph, free_device_memory
 from vtllm.executor.cuda_knobs import SPLIT_SCRATCH_BYTES, attention_split_rows, check_knobs
 from vtllm.executor.cuda_ops import CudaOps
 from vtllm.executor.cuda_speculative import SpeculativeRounds, first_positions
+from vtllm.executor.cuda_tp_ops import ShardedCudaOps
 from vtllm.executor.kv_cache import num_kv_blocks
 from vtllm.executor.runner import StepOutput, StepRunner
 from vtllm.executor.speculative import token_drafts
@@ -96,6 +97,8 @@ class CudaModelRunner(GraphedSteps, StepRunner):
         cuda_prefill_gemm: str = "mma",
         speculative_tokens: int = 0,
         speculative_max_batch: int = 0,
+        shard=None,  # a tensor-parallel rank's shard (models/sharding) and DeviceCommunicator:
+        comm=None,  # the forward runs it over executor/cuda_tp_ops, slots and sampler the model's
     ):
         check_cuda(loaded.config.architecture)  # families whose ops are CPU-only so far
         check_knobs(kv_cache_dtype, matmul_input_dtype, cuda_flash_prefill, cuda_prefill_gemm)
@@ -106,16 +109,18 @@ class CudaModelRunner(GraphedSteps, StepRunner):
             max_model_len=max_model_len,
         )
         c = self.config
+        mc, weights = (c, loaded.weights) if shard is None else (shard.config, shard.weights)
         self.max_tokens = max(max_num_batched_tokens, max_num_seqs)
         self.stream = s = cuda.stream()
         split_rows = attention_split_rows(
-            c, max_num_seqs, self.max_tokens, max_model_len + 1, split_attention_rows
+            mc, max_num_seqs, self.max_tokens, max_model_len + 1, split_attention_rows
         )
         # the mirror: [max_num_seqs, max_model_len + 1] int32 on the device
         self.token_ids_dev = cuda.to_device(np.zeros((max_num_seqs, max_model_len + 1), np.int32))
         self.num_tokens_dev = cuda.to_device(np.zeros(max_num_seqs, np.int32))
-        self.ops = CudaOps(
-            c,
+        sharded = {} if shard is None else {"shard": shard, "comm": comm, "vocab": c.vocab_size}
+        self.ops = (CudaOps if shard is None else ShardedCudaOps)(
+            mc,
             max_tokens=self.max_tokens,
             max_positions=max_model_len + 1,
             max_decode_rows=split_rows,
@@ -124,9 +129,10 @@ class CudaModelRunner(GraphedSteps, StepRunner):
             x_bf16=matmul_input_dtype == "bfloat16",
             flash_prefill=cuda_flash_prefill,
             wgmma=cuda_prefill_gemm == "wgmma",
+            **sharded,
         )
         forward = model_class(c.architecture)
-        self.model = forward(c, loaded.weights, self.ops, max_model_len + 1)
+        self.model = forward(mc, weights, self.ops, max_model_len + 1)
         self.sampling_staged = StagedSamplingTable(self.sampling, RING, s)
         self.sampling_dev = self.sampling_staged.device
         self.prompt_staging = PromptStaging(RING, self.max_tokens)
@@ -160,7 +166,8 @@ class CudaModelRunner(GraphedSteps, StepRunner):
         self._views: dict = {}
         self.use_graphs = use_graphs
         # graphs' kernel edges programmatic (executor/cuda_graphs) where the kernels allow it
-        self.programmatic_graphs = cuda_pdl and GRID_DEPENDENCY
+        # (not beside a rank's NCCL kernels, which do not wait for the kernel before them)
+        self.programmatic_graphs = cuda_pdl and GRID_DEPENDENCY and shard is None
         # plain steps by token bucket; steps with drafts by (sequence bucket, rounds)
         self.graphs: dict[int | tuple[int, int], CudaGraph] = {}
         self.buckets = graph_buckets(max_num_seqs, self.max_tokens)
@@ -174,7 +181,7 @@ class CudaModelRunner(GraphedSteps, StepRunner):
     def _allocate_kv(self, budget_bytes: int, fraction: float, dtype_name: str) -> int:
         """KV blocks of dtype_name (KV_DTYPES) from a byte budget, or from a fraction of the
         device memory still free once weights and buffers are in place; both are logged."""
-        c, s = self.config, self.stream
+        c, s = self.ops.config, self.stream  # a rank's cache: its shard's KV heads
         dtype = np.dtype(KV_DTYPES[dtype_name])
         s.synchronize()
         free, total = free_device_memory()

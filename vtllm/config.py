@@ -520,8 +520,7 @@ def _check_tensor_parallel(values: dict, sources: dict) -> None:
     n = values["tensor_parallel_size"]
     if n == 1 and values["distributed_executor_backend"] == "mp":
         return
-    refusals = {
-        "device": values["device"] != "cpu" and "runs on the cpu device only for now",
+    refusals = {  # on cuda, the GPUs and NCCL are checked at start (engine/build)
         "shadow_check_rate": values["shadow_check_rate"] > 0 and "runs without shadow checks",
         "speculative_config": values["speculative_config"] is not None
         and "runs without speculative decoding for now",

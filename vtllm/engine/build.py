@@ -7,6 +7,7 @@ import time
 from vtllm.config import EngineConfig
 from vtllm.errors import InvalidParameter
 from vtllm.executor.backend import CpuBackend, cpu_ops
+from vtllm.executor.cuda_backend import resolved_dtype
 from vtllm.executor.host_memory import release_start_pages
 from vtllm.executor.kv_cache import (
     allocate_kv_cache,
@@ -19,6 +20,8 @@ from vtllm.models.loader import LoadedModel, load_model
 from vtllm.scheduler.config import SchedulerConfig
 from vtllm.scheduler.scheduler import Scheduler
 from vtllm.scheduler.sliding_window import window_of_every_layer
+
+__all__ = ["build_parts", "resolved_dtype", "set_cpu_threads"]
 
 log = logging.getLogger("vtllm.engine")
 
@@ -48,6 +51,10 @@ def build_parts(
         from vtllm.executor.ray_cluster import import_ray
 
         import_ray()
+    elif config.device == "cuda" and config.tensor_parallel_size > 1:  # GPUs and NCCL, too
+        from vtllm.executor.tp_backend import check_gpu_ranks
+
+        check_gpu_ranks(config.tensor_parallel_size)
     started = time.perf_counter()
     loaded = loaded or load_model(config.model)
     phases["load"] = time.perf_counter() - started
@@ -61,8 +68,12 @@ def build_parts(
     max_model_len = min(config.max_model_len, mc.max_position_embeddings)
     resident_blocks = 0  # the GPU cache is allocated up front: no cap on what stays cached
     if config.tensor_parallel_size > 1 or config.distributed_executor_backend == "ray":
+        backend_started = time.perf_counter()
         backend, num_blocks = _tp_backend(config, loaded, max_model_len)
-        resident_blocks = _cpu_resident_blocks(config, loaded, max_model_len, num_blocks)
+        if config.device == "cpu":
+            resident_blocks = _cpu_resident_blocks(config, loaded, max_model_len, num_blocks)
+        else:
+            phases["GPU set-up"] = time.perf_counter() - backend_started
     elif config.device == "cuda":
         backend_started = time.perf_counter()
         backend, num_blocks = _cuda_backend(config, loaded, max_model_len)
@@ -105,16 +116,6 @@ def build_parts(
     return loaded, scheduler, backend, max_model_len
 
 
-def resolved_dtype(setting: str, device: str) -> str:
-    """kv_cache_dtype / matmul_input_dtype as the backend takes it: auto is bfloat16 on cuda
-    (what vLLM and llama.cpp run a 16-bit model with; a bf16 cache halves the bytes decode
-    attention reads, and bf16 matmul inputs halve prefill's mmas: BENCHMARKS.md, GPU decode
-    and prefill) and float32 on the cpu, whose kernels compute in float32 only."""
-    if setting != "auto":
-        return setting
-    return "bfloat16" if device == "cuda" else "float32"
-
-
 def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int, phases: dict):
     started = time.perf_counter()
     ops = cpu_ops(config.cpu_numerics)  # compiles the kernels, or loads them from numba's cache
@@ -148,11 +149,16 @@ def _cpu_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int, 
 
 
 def _tp_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
-    """N CPU worker processes or Ray actors (executor/tp_backend, ray_backend). The block
-    count is the full model's (the ranks' caches together hold what one process's would), so
-    every rank's table is one."""
+    """N worker processes or Ray actors (executor/tp_backend, ray_backend). On the CPU the
+    block count is the full model's (the ranks' caches together hold what one process's
+    would), so every rank's table is one; on GPUs each rank sizes its cache from its own
+    memory (kv_cache_memory and kv_cache_fraction are per GPU) and the least count serves."""
     from vtllm.executor.tp_backend import build_tp_backend
 
+    if config.device == "cuda":
+        threads = set_cpu_threads(config.cpu_threads)
+        backend = build_tp_backend(config, loaded, max_model_len, num_blocks=None, threads=threads)
+        return backend, backend.num_blocks
     num_blocks = num_kv_blocks(
         loaded.config,
         block_size=config.block_size,
@@ -184,7 +190,7 @@ def _cpu_resident_blocks(
 
 
 def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int):
-    from vtllm.executor.cuda_backend import CudaBackend
+    from vtllm.executor.cuda_backend import CudaBackend, capture_graphs, runner_settings
     from vtllm.executor.cuda_runner import CudaModelRunner
 
     if config.shadow_check_rate > 0:
@@ -192,40 +198,10 @@ def _cuda_backend(config: EngineConfig, loaded: LoadedModel, max_model_len: int)
             "shadow checks run on the CPU backend only", param="shadow_check_rate"
         )
 
-    spec = config.speculative
-
     def make_runner():
-        started = time.perf_counter()
-        runner = CudaModelRunner(
-            loaded,
-            block_size=config.block_size,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
-            kv_cache_memory=config.kv_cache_memory,
-            kv_cache_fraction=config.kv_cache_fraction,
-            use_graphs=config.cuda_graphs,
-            cuda_pdl=config.cuda_pdl,
-            split_attention_rows=config.cuda_split_attention_rows,
-            cuda_flash_prefill=config.cuda_flash_prefill,
-            cuda_prefill_gemm=config.cuda_prefill_gemm,
-            kv_cache_dtype=resolved_dtype(config.kv_cache_dtype, "cuda"),
-            matmul_input_dtype=resolved_dtype(config.matmul_input_dtype, "cuda"),
-            speculative_tokens=spec.num_speculative_tokens if spec else 0,
-            speculative_max_batch=spec.disable_by_batch_size - 1 if spec else 0,
-        )
+        runner = CudaModelRunner(loaded, **runner_settings(config, max_model_len))
         if config.cuda_graphs:
-            from tqdm import tqdm
-
-            with tqdm(total=len(runner.graph_keys), desc="CUDA graphs", leave=False) as bar:
-                runner.capture_all(progress=lambda _key: bar.update(1))
-            log.info(
-                "CUDA graphs captured for steps of %s tokens, and with drafts of %s sequences, "
-                "in %.1fs",
-                runner.buckets,
-                runner.spec_buckets,
-                time.perf_counter() - started,
-            )
+            capture_graphs(runner)
         return runner
 
     backend = CudaBackend(make_runner)

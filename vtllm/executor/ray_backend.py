@@ -9,9 +9,10 @@ once; the watchdog's beat (`failure`) sends each idle rank a ping and reads the 
 so an idle engine notices a dead actor too.
 
 Communicator: on the CPU the shared-memory one, so every rank must sit on the engine's node
-(checked by node id; refused in one line otherwise). On GPUs ranks would join an NCCL
-communicator whose unique id rank 0 makes and Ray hands to the others (nccl_unique_id); the
-CUDA backend refuses tensor parallelism before that point for now (docs/tensor_parallel.md).
+(checked by node id; refused in one line otherwise). On GPUs each actor holds one GPU (Ray
+sets its CUDA_VISIBLE_DEVICES, so it binds device 0) and the ranks join an NCCL communicator
+whose unique id rank 0's actor makes (the engine's node may have no GPU or NCCL) and the
+engine hands to every rank.
 """
 
 import logging
@@ -21,8 +22,9 @@ import time
 from vtllm.errors import InvalidParameter
 from vtllm.executor import ray_cluster
 from vtllm.executor.backend import InFlightStep
-from vtllm.executor.communicator import create_shm_group, remove_shm_group
-from vtllm.executor.tp_backend import PLAN_ENCODER, WorkerDied
+from vtllm.executor.communicator import ShmGroup, create_shm_group, remove_shm_group
+from vtllm.executor.communicator_nccl import NcclGroup
+from vtllm.executor.tp_backend import PLAN_ENCODER, WorkerDied, simulating
 from vtllm.executor.tp_worker import decode_result
 from vtllm.scheduler.plan import StepPlan, StepResult
 
@@ -42,12 +44,14 @@ class RayRank:
 
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
-    def start(self, group, config, model, num_blocks, max_model_len, threads) -> None:
+    def start(self, group, config, model, num_blocks, max_model_len, threads) -> int:
+        """The rank's KV block count once it is ready."""
         from vtllm.executor.tp_worker import start_rank
 
         self.runner = start_rank(
-            self.rank, group, config, model, num_blocks, max_model_len, threads
+            self.rank, group, config, model, num_blocks, max_model_len, threads, gpu=0
         )
+        return self.runner.num_blocks
 
     def step(self, message: bytes) -> bytes | None:
         from vtllm.executor.tp_worker import execute
@@ -73,26 +77,37 @@ class RayTpBackend:
         self._device_seconds = 0.0
         self._closing = False
         self._actors, self._group, self._placement = [], None, None
+        nccl = config.device == "cuda" and not simulating()
+        gpus = {"GPU": 1} if nccl else {}
         try:
             per_rank = max(1, threads // world_size)
-            bundles = [{"CPU": 1}] * world_size
+            bundles = [{"CPU": 1, **gpus}] * world_size
             self._placement = ray_cluster.place(ray, bundles, f"{world_size} tensor ranks")
             actor_class = ray.remote(RayRank)
             for rank in range(world_size):
                 options = ray_cluster.in_bundle(self._placement, rank)
-                actor = actor_class.options(num_cpus=1, max_restarts=0, **options)
+                actor = actor_class.options(
+                    num_cpus=1, num_gpus=len(gpus), max_restarts=0, **options
+                )
                 self._actors.append(actor.remote(rank))
-            self._check_one_node(ray.get([a.where.remote() for a in self._actors]))
-            self._group = create_shm_group(world_size, timeout=timeout)
+            places = ray.get([a.where.remote() for a in self._actors])
+            self.pids = [pid for _node, pid in places]
+            if nccl:  # NCCL crosses nodes; the id is made where rank 0 runs
+                unique_id = ray.get(self._actors[0].nccl_unique_id.remote())
+                self._group = NcclGroup(unique_id, world_size)
+            else:
+                self._check_one_node(places)
+                self._group = create_shm_group(world_size, timeout=timeout)
             model = (str(loaded.path), loaded.config)  # the file the engine loaded
             sizes = (num_blocks, max_model_len, per_rank)
             starts = [a.start.remote(self._group, config, model, *sizes) for a in self._actors]
-            self._wait_all(starts)
+            # every rank's cache holds this many blocks at least (GPUs size their own)
+            self.num_blocks = min(self._wait_all(starts))
         except BaseException:
             self.close()
             raise
         finally:
-            if self._group is not None:
+            if isinstance(self._group, ShmGroup):
                 remove_shm_group(self._group)  # opened by every rank (or never needed again)
         self._pings = [a.ping.remote() for a in self._actors]
         log.info("tensor parallel: %d Ray actors, %d threads each", world_size, per_rank)
@@ -107,7 +122,6 @@ class RayTpBackend:
                 "(start vtllm on the node that has the CPUs, or give it fewer ranks)",
                 param="distributed_executor_backend",
             )
-        self.pids = [pid for _node, pid in places]
 
     # -- the backend contract ---------------------------------------------------------------
     def launch(self, plan: StepPlan) -> InFlightStep:
@@ -155,7 +169,7 @@ class RayTpBackend:
                 log.debug("actor already gone: %s", exc)
         if self._placement is not None:
             ray_cluster.remove(self.ray, self._placement)
-        if self._group is not None:
+        if isinstance(self._group, ShmGroup):
             remove_shm_group(self._group)
         if self._owns_ray:
             self.ray.shutdown()

@@ -1,5 +1,8 @@
-"""The tensor-parallel backend (--tensor-parallel-size N on the CPU): the launch / collect
-contract of CpuBackend, over N worker processes (executor/tp_worker).
+"""The tensor-parallel backend (--tensor-parallel-size N): the launch / collect contract of
+CpuBackend and CudaBackend, over N worker processes (executor/tp_worker): on the cpu device
+ranks that share a shared-memory communicator, on cuda one GPU a rank and NCCL (the engine
+makes the unique id, so its process hosts NCCL's bootstrap root while the ranks join; under
+numba's simulator the ranks stage their collectives through shared memory instead).
 
 The scheduler stays single, in the engine: each StepPlan is encoded once and sent to every
 rank in launch order (by one sender thread, so a launch never blocks the event loop on a full
@@ -20,15 +23,17 @@ from multiprocessing.connection import wait
 
 import msgspec
 
+from vtllm.errors import InvalidParameter
 from vtllm.executor.backend import InFlightStep
-from vtllm.executor.communicator import create_shm_group, remove_shm_group
-from vtllm.executor.tp_worker import decode_result, worker_main
+from vtllm.executor.communicator import ShmGroup, create_shm_group, remove_shm_group
+from vtllm.executor.communicator_nccl import NcclCommunicator, NcclGroup, nccl_library_path
+from vtllm.executor.tp_worker import BLOCKS, decode_result, worker_main
 from vtllm.scheduler.plan import StepPlan, StepResult
 
 log = logging.getLogger("vtllm.engine")
 
 PLAN_ENCODER = msgspec.msgpack.Encoder()
-START_TIMEOUT_S = 600.0  # loading, sharding and the kernels' first import on every rank
+START_TIMEOUT_S = 600.0  # loading, sharding, the kernels' first import (graphs) on every rank
 
 
 class WorkerDied(RuntimeError):
@@ -53,7 +58,7 @@ class TpBackend:
         self.launch_seconds = 0.0  # a launch only queues the plan, as on CpuBackend
         self._device_seconds = 0.0
         self._closing = False
-        self._group = create_shm_group(world_size, timeout=collective_timeout)
+        self._group = make_group(config, world_size, collective_timeout)
         self._conns, self._procs = [], []
         per_rank = max(1, threads // world_size)
         try:
@@ -69,21 +74,28 @@ class TpBackend:
                 theirs.close()
                 self._conns.append(ours)
                 self._procs.append(proc)
+            blocks = []
             for rank in range(world_size):
                 message = self._receive(rank, START_TIMEOUT_S)
                 if message[:1] != b"K":
                     raise WorkerDied(f"tensor-parallel rank {rank} did not start")
+                blocks.append(BLOCKS.unpack_from(message, 1)[0])
         except BaseException:
             self.close()
             raise
         finally:
-            remove_shm_group(self._group)  # mapped by every rank (or never needed again)
+            _remove_group(self._group)  # mapped by every rank (or never needed again)
+        # every rank's cache holds this many blocks at least (GPUs size their own): one table
+        self.num_blocks = min(blocks)
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vtllm-tp-send")
         # Before multiprocessing's own exit handler (registered earlier, so run later), which
         # would terminate() the workers (SIGTERM: ignored by them) and join them forever; the
         # server leaves its backend open at exit.
         atexit.register(self.close)
-        log.info("tensor parallel: %d CPU worker processes, %d threads each", world_size, per_rank)
+        if config.device == "cuda":
+            log.info("tensor parallel: %d GPU worker processes, one GPU each", world_size)
+        else:
+            log.info("tensor parallel: %d CPU processes, %d threads each", world_size, per_rank)
 
     # -- the backend contract ---------------------------------------------------------------
     def launch(self, plan: StepPlan) -> InFlightStep:
@@ -138,7 +150,7 @@ class TpBackend:
                 proc.join()
         for conn in self._conns:
             conn.close()
-        remove_shm_group(self._group)
+        _remove_group(self._group)
 
     # -- pipes ------------------------------------------------------------------------------
     def _send_all(self, message: bytes) -> None:
@@ -174,20 +186,59 @@ class TpBackend:
                 )
 
 
-def build_tp_backend(config, loaded, max_model_len: int, *, num_blocks: int, threads: int):
+def simulating() -> bool:
+    """numba's CUDA simulator is on (device arrays are host memory, no NCCL)."""
+    from numba.core import config as numba_config
+
+    return bool(numba_config.ENABLE_CUDASIM)
+
+
+def make_group(config, world_size: int, timeout: float | None):
+    """What the ranks join: an NCCL unique id on GPUs, else a shared-memory group (the CPU's
+    communicator, and the simulator's ranks stage through it)."""
+    if config.device == "cuda" and not simulating():
+        return NcclGroup(NcclCommunicator.unique_id(), world_size)
+    return create_shm_group(world_size, timeout=timeout)
+
+
+def _remove_group(group) -> None:
+    if isinstance(group, ShmGroup):
+        remove_shm_group(group)
+
+
+def check_gpu_ranks(world_size: int) -> None:
+    """A one-line user error unless every rank of --tensor-parallel-size N gets its own GPU
+    of those this process sees and NCCL is installed (the mp backend's ranks, on this host)."""
+    if simulating():
+        return
+    from numba import cuda
+
+    try:
+        visible = len(cuda.gpus) if cuda.is_available() else 0
+    except Exception:  # a broken driver counts as none
+        visible = 0
+    if world_size > visible:
+        raise InvalidParameter(
+            f"tensor_parallel_size {world_size} on cuda needs {world_size} GPUs, one a rank; "
+            f"{visible} visible (CUDA_VISIBLE_DEVICES names those used)",
+            param="tensor_parallel_size",
+        )
+    try:
+        nccl_library_path()
+    except InvalidParameter as exc:
+        raise InvalidParameter(
+            f"tensor_parallel_size {world_size}: {exc}", param="tensor_parallel_size"
+        ) from None
+
+
+def build_tp_backend(config, loaded, max_model_len: int, *, num_blocks: int | None, threads: int):
     """The backend of --tensor-parallel-size N > 1 (processes, or Ray actors: then N may be
-    1); a user error (one line) where it cannot run: another device (config.resolve refuses
-    the other conflicts), a model that does not split."""
-    from vtllm.errors import InvalidParameter
+    1); a user error (one line) where it cannot run: a model that does not split (config.resolve
+    and build_parts refuse the other conflicts). num_blocks: the CPU's KV cache (every rank
+    alike); None on cuda, where each rank sizes its own and the backend keeps the least."""
     from vtllm.models.sharding import check_weights
 
     n = config.tensor_parallel_size
-    if config.device != "cpu":
-        raise InvalidParameter(
-            f"tensor_parallel_size {n}: the cuda backend runs one GPU for now "
-            "(docs/tensor_parallel.md)",
-            param="tensor_parallel_size",
-        )
     check_weights(loaded.config, loaded.weights, n)
     if config.distributed_executor_backend == "ray":
         from vtllm.executor.ray_backend import build_ray_backend

@@ -1,22 +1,29 @@
 """One tensor-parallel rank: a process that loads the model, keeps its shard, and runs every
-StepPlan the engine sends through a ModelRunner over the sharded ops. Every rank samples (the
-same logits, the same seeds: the same tokens), so each keeps its own token mirror; only rank 0
-sends the StepResult back.
+StepPlan the engine sends through a runner over the sharded ops: on the cpu device a
+ModelRunner over ShardedCpuOps (executor/tp_ops), on cuda a CudaModelRunner over ShardedCudaOps
+(executor/cuda_tp_ops) on the rank's own GPU. Every rank samples (the same logits, the same
+seeds: the same tokens), so each keeps its own token mirror; only rank 0 sends the StepResult
+back.
 
 start_rank and execute are the rank, whatever carries its messages: a spawned process fed
 over a pipe (worker_main, executor/tp_backend) or a Ray actor (executor/ray_backend).
 
 Wire (one pipe per rank, engine -> worker): b"P" + msgpack StepPlan runs a step, b"Q" ends the
 worker. Worker -> engine: b"R" + 8-byte step seconds + msgpack StepResult (rank 0 only), b"E"
-+ text when a step failed, b"K" once ready. SIGINT and SIGTERM are ignored: the engine drains
-and then ends its workers; a worker also ends when the engine's end of its pipe closes.
++ text when a step failed, b"K" + the rank's KV block count (8 bytes) once ready. A GPU rank
+launches a plan that is already queued before it reads the tokens of the one before (depth 2,
+as CudaBackend: the GPU runs step N + 1 while the host reads step N's tokens). SIGINT
+and SIGTERM are ignored: the engine drains and then ends its workers; a worker also ends when
+the engine's end of its pipe closes.
 """
 
 import logging
 import signal
 import struct
+import sys
 import time
 import traceback
+from collections import deque
 
 import msgspec
 import numpy as np
@@ -28,6 +35,7 @@ log = logging.getLogger("vtllm.engine")
 PLAN_DECODER = msgspec.msgpack.Decoder(StepPlan)
 RESULT_ENCODER = msgspec.msgpack.Encoder()
 SECONDS = struct.Struct("<d")
+BLOCKS = struct.Struct("<q")
 
 
 def make_runner(model_config, shard, comm, kernels, kv, *, max_num_seqs: int, max_model_len: int):
@@ -58,7 +66,8 @@ def make_runner(model_config, shard, comm, kernels, kv, *, max_num_seqs: int, ma
 
 
 def worker_main(rank, group, conn, config, model, num_blocks, max_model_len, threads) -> None:
-    """The process's entry (multiprocessing spawn); model: (path, the engine's ModelConfig)."""
+    """The process's entry (multiprocessing spawn); model: (path, the engine's ModelConfig).
+    On cuda, rank r binds GPU r of those the process sees."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
@@ -66,35 +75,54 @@ def worker_main(rank, group, conn, config, model, num_blocks, max_model_len, thr
     except Exception:
         conn.send_bytes(b"E" + traceback.format_exc().encode())
         raise
-    conn.send_bytes(b"K")
+    conn.send_bytes(b"K" + BLOCKS.pack(runner.num_blocks))
+    # a GPU's launch only enqueues: the next plan, if queued, is launched before a step's
+    # tokens are read; a CPU's launch computes the step, whose result goes back at once
+    depth = 2 if config.device == "cuda" else 1
+    pending = deque()  # (started, the runner's step in flight), in launch order
     while True:
         try:
-            message = conn.recv_bytes()
-        except (EOFError, OSError):  # the engine is gone
-            return
-        if message[:1] == b"Q":
-            return
-        try:
-            reply = execute(runner, rank, message)
+            if pending and (len(pending) >= depth or not conn.poll()):
+                reply = _finish(runner, rank, *pending.popleft())
+                if reply is not None:
+                    conn.send_bytes(reply)
+                continue
+            try:
+                message = conn.recv_bytes()
+            except (EOFError, OSError):  # the engine is gone
+                return
+            if message[:1] == b"Q":
+                return
+            started = time.perf_counter()
+            pending.append((started, runner.launch(PLAN_DECODER.decode(message[1:]))))
         except Exception:
             conn.send_bytes(b"E" + traceback.format_exc().encode())
             raise
-        if reply is not None:
-            conn.send_bytes(reply)
 
 
 def execute(runner, rank: int, message: bytes) -> bytes | None:
     """Runs one b"P" message's plan; rank 0's reply (b"R" + seconds + StepResult), else None."""
     started = time.perf_counter()
-    result = runner.execute(PLAN_DECODER.decode(message[1:]))
+    return _finish(runner, rank, started, runner.launch(PLAN_DECODER.decode(message[1:])))
+
+
+def _finish(runner, rank: int, started: float, pending) -> bytes | None:
+    before = getattr(runner, "device_seconds", None)  # a GPU times its steps with events
+    result = runner.finish(pending)
     if rank != 0:
         return None
-    return b"R" + SECONDS.pack(time.perf_counter() - started) + RESULT_ENCODER.encode(result)
+    seconds = time.perf_counter() - started if before is None else runner.device_seconds - before
+    return b"R" + SECONDS.pack(seconds) + RESULT_ENCODER.encode(result)
 
 
-def start_rank(rank, group, config, model, num_blocks, max_model_len, threads):
-    """Loads the model, keeps the rank's shard and joins the group; the rank's runner."""
+def start_rank(rank, group, config, model, num_blocks, max_model_len, threads, gpu=None):
+    """Loads the model, keeps the rank's shard and joins the group; the rank's runner. On cuda:
+    num_blocks is the rank's own (from its GPU's memory: runner.num_blocks), and gpu the index
+    of the device it binds (default: its rank; a Ray actor sees only its own GPU, 0)."""
     import numba
+
+    if config.device == "cuda":
+        return _start_cuda_rank(rank, group, config, model, max_model_len, gpu)
 
     from vtllm.executor.backend import cpu_ops
     from vtllm.executor.communicator import ShmCommunicator
@@ -125,6 +153,39 @@ def start_rank(rank, group, config, model, num_blocks, max_model_len, threads):
     )
     comm.barrier()  # every rank has mapped the shared file: the engine may remove its name
     release_start_pages(f"rank {rank} ready")  # as the engine's own start does
+    runner.num_blocks = num_blocks
+    return runner
+
+
+def _start_cuda_rank(rank, group, config, model, max_model_len, gpu):
+    """A CudaModelRunner over the rank's shard on its GPU, graphs captured as on one GPU."""
+    from numba import cuda
+    from numba.core import config as numba_config
+
+    from vtllm.executor.cuda_backend import capture_graphs, runner_settings
+    from vtllm.executor.cuda_runner import CudaModelRunner
+    from vtllm.executor.device_communicator import join_device_group, warm_up
+    from vtllm.models.loader import load_model
+    from vtllm.models.sharding import shard_weights
+
+    if not numba_config.ENABLE_CUDASIM:  # first of all: every later call uses its context
+        cuda.select_device(rank if gpu is None else gpu)
+    else:  # each simulated CUDA thread is a Python thread, polled at barriers: switch often
+        sys.setswitchinterval(1e-4)
+    path, engine_config = model
+    loaded = load_model(path)
+    if loaded.config != engine_config:
+        raise RuntimeError(f"{path} did not load as the engine loaded it")
+    shard = shard_weights(loaded.config, loaded.weights, rank, group.world_size)
+    comm = join_device_group(group, rank)
+    largest = max(config.max_num_batched_tokens, config.max_num_seqs) * loaded.config.hidden_size
+    warm_up(comm, largest, cuda.stream())  # before the KV cache takes its share of the memory
+    settings = runner_settings(config, max_model_len)
+    runner = CudaModelRunner(loaded, **settings, shard=shard, comm=comm)
+    del loaded  # the full weights go: the shard's arrays are copies, uploaded now
+    if config.cuda_graphs:  # rank 0's progress bar stands for every rank's
+        capture_graphs(runner, f"CUDA graphs (rank {rank})", progress=rank == 0)
+    comm.barrier()  # every rank has joined: the engine may drop the group's shared file
     return runner
 
 

@@ -214,3 +214,47 @@ def test_tp2_greedy_tokens_through_the_engine_are_tp1s(tiny):
         finally:
             llm.close()
     assert tokens[2] == tokens[1]
+
+
+def test_killed_gpu_worker_makes_the_engine_dead(tiny):
+    """As on CPU ranks (tests/engine/test_tp.py): a rank's process killed, the watchdog's beat
+    finds it, the engine dies; closing ends the other rank within the join's 10 s."""
+    import os
+    import signal
+    import time
+
+    from vtllm import LLM
+    from vtllm.engine.watchdog import Watchdog
+
+    _nccl()
+    if _gpus() < 2:
+        pytest.skip(f"TP = 2 needs two GPUs; numba.cuda sees {_gpus()}")
+    path, _ = tiny
+    llm = LLM(
+        str(path),
+        device="cuda",
+        tensor_parallel_size=2,
+        max_model_len=MAX_LEN,
+        max_num_seqs=4,
+        kv_cache_memory=16 << 20,
+    )
+    try:
+        engine, deaths = llm.engine, []
+        engine.on_dead = deaths.append
+        watchdog = Watchdog(
+            engine.loop, 2.0, engine.die, call_soon_threadsafe=lambda f, *a: f(*a), grace=60
+        )
+        watchdog.start()
+        try:
+            os.kill(engine.backend._procs[1].pid, signal.SIGKILL)
+            killed = time.monotonic()
+            while not deaths and time.monotonic() - killed < 2.0:
+                time.sleep(0.02)
+        finally:
+            watchdog.stop()
+        assert deaths and "worker 1" in deaths[0], deaths
+        assert engine.dead is not None
+    finally:
+        started = time.monotonic()
+        llm.close()
+    assert time.monotonic() - started < 15

@@ -154,7 +154,7 @@ KNOBS = (
         "tensor_parallel_size",
         "int",
         1,
-        "worker processes the model is split over (llama family, cpu device; "
+        "worker processes the model is split over, one GPU each on cuda (llama family; "
         "docs/tensor_parallel.md)",
         1,
         64,

@@ -1,9 +1,11 @@
 """The int8 dot product's spellings (_int8simd: vnni512, avx512bw, avx2, generic): chosen by the
 features of numba's compile target, each exact against numpy on every input the kernels can
-pass, and the GEMV compiled for an AVX2-only CPU (a child process with NUMBA_CPU_NAME=haswell)
-bit-equal to this build's, without one 512-bit register or vpdpbusd."""
+pass, and the GEMV and GEMM compiled for an AVX2-only CPU (a child process with
+NUMBA_CPU_NAME=haswell) bit-equal to this build's, without one 512-bit register or vpdpbusd,
+the GEMM on its narrow tile with (next to) no stack traffic in its hot loops."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +26,7 @@ from vtllm.kernels.cpu._int8simd import (
     load_i16,
 )
 from vtllm.kernels.cpu._simd import vstore
-from vtllm.kernels.cpu.linear_int8 import _gemv_kernel
+from vtllm.kernels.cpu.linear_int8 import GEMM_MIN_M, NC_MIN, _gemm_kernel, _gemv_kernel
 
 CHILD = Path(__file__).with_name("int8_target_child.py")
 LADDER = ("generic", "avx2", "avx512bw", "vnni512")  # each target runs those up to its own
@@ -74,13 +76,38 @@ def test_dpbusd_exact(rng, variant):
             assert np.array_equal(out, want), (variant, u_max, u[:4], s[:4])
 
 
-def test_avx2_build_of_the_gemv_matches_this_build(rng, tmp_path):
+_LABEL = re.compile(r"^(\.?L?[\w.$]+):")
+_STACK_STORE = re.compile(r"^v\w+\s+%[xyz]mm\d+, -?\d*\(%rsp\)$")
+
+
+def hot_loops(asm: str, op: str) -> list[list[str]]:
+    """The instructions of each loop of one basic block (a label, then code that ends in a
+    jump back to it) that holds `op`."""
+    loops, name, body = [], None, []
+    for line in asm.splitlines():
+        label = _LABEL.match(line)
+        if label:
+            name, body = label.group(1), []
+            continue
+        ins = line.strip()
+        if not ins or ins.startswith("."):
+            continue
+        body.append(ins)
+        if ins.startswith("j"):
+            if ins.split()[-1] == name and any(i.split()[0] == op for i in body):
+                loops.append(body)
+            name, body = None, []
+    return loops
+
+
+def test_avx2_build_matches_this_build(rng, tmp_path):
     """Arbitrary block bytes (Q8_0's -128 included), 17 blocks (a padded pair, two groups of
-    Q4_1 minimums), N not a multiple of 4, a decode row and a 3-row batch."""
+    Q4_1 minimums), N not a multiple of 4 in tiles of NC_MIN rows; the GEMV at a decode row
+    and 3 rows, the GEMM at row counts that fill its 4-row blocks or not, over two panels."""
     n, k = 45, 544
-    inputs = {"bias": rng.standard_normal(n).astype(np.float32)}
+    inputs = {"bias": rng.standard_normal(n).astype(np.float32), "tile_rows": NC_MIN}
     for qtype in (QType.Q4_0, QType.Q4_1, QType.Q8_0):
-        for m in (1, 3):
+        for m in (1, 3, 4, 7, 70):
             name = f"{int(qtype)}_{m}"
             inputs["w_" + name] = random_blocks(rng, qtype, n, k)
             x = rng.standard_normal((m, k)) * rng.uniform(0.1, 30, (m, 1))
@@ -95,14 +122,25 @@ def test_avx2_build_of_the_gemv_matches_this_build(rng, tmp_path):
         timeout=300,
     )
     got = np.load(tmp_path / "out.npz")
-    assert str(got["variant"]) == "avx2"
-    asm = str(got["asm"])
-    assert "zmm" not in asm and "vpdpbusd" not in asm
-    assert "vpmaddubsw" in asm and "vpmaddwd" in asm and "ymm" in asm
+    assert str(got["variant"]) == "avx2" and bool(got["narrow"])
+    for asm in (str(got["asm"]), str(got["gemm_asm"])):
+        assert "zmm" not in asm and "vpdpbusd" not in asm
+        assert "vpmaddubsw" in asm and "vpmaddwd" in asm and "ymm" in asm
+    # The GEMM's hot loops, one per weight type: the 4 x 4 tile spilled ~50 ymm to the stack
+    # per iteration; the 4 x 1 sweep none for Q4_0 / Q4_1, and Q8_0's (two masks more) parks
+    # one accumulator: at most one store per 8 dots allows that, and no more.
+    loops = hot_loops(str(got["gemm_asm"]), "vpmaddubsw")
+    assert len(loops) >= 3
+    dots = sum(i.split()[0] == "vpmaddubsw" for body in loops for i in body)
+    stores = sum(bool(_STACK_STORE.match(i)) for body in loops for i in body)
+    assert stores <= dots // 8, (stores, dots)
     for key in inputs:
         if key.startswith("x_"):
             name = key[2:]
-            x, w = inputs[key], inputs["w_" + name]
+            x, w, qtype = inputs[key], inputs["w_" + name], int(name.split("_")[0])
             out = np.empty((x.shape[0], n), np.float32)
-            _gemv_kernel(x, w, int(name.split("_")[0]), inputs["bias"], out, 2)
+            if x.shape[0] < GEMM_MIN_M:
+                _gemv_kernel(x, w, qtype, inputs["bias"], out, 2)
+            else:
+                _gemm_kernel(x, w, qtype, inputs["bias"], out, NC_MIN)
             assert np.array_equal(got["out_" + name], out), name

@@ -17,7 +17,9 @@ GEMM tile) or the thread count, so results are batch-invariant to the bit, as in
 Small M runs `_gemv_kernel` (weights unpacked in registers, 4 rows of W per activation pair
 load, W prefetched PF_BYTES ahead: at batch 1 it streams from DRAM); larger M runs
 `_gemm_kernel`, where each task unpacks a tile of W once into scratch (bytes, scale lanes, min
-lanes) and a 4x4 register-blocked microkernel sweeps a panel of x.
+lanes) and a register-blocked microkernel sweeps a panel of x in blocks of 4 x 4 outputs: all
+16 accumulators at once with AVX-512, one row of W (4 accumulators) at a time elsewhere
+(NARROW: AVX2's 16 ymm hold only 8 of the 16-lane vectors).
 Quantizing x happens inside the same call (a prange over rows in the GEMM).
 
 What LLVM should emit (`inspect_asm` of the GEMV compiled without the cache, on an
@@ -41,9 +43,11 @@ from numba.core.types import void
 
 from vtllm.kernels import QK, QType
 from vtllm.kernels.cpu._int8simd import (
+    INT8_VARIANT,
     dpbusd,
     dpbusd_small,
     itof,
+    izero,
     load_b64,
     load_i16,
     min16,
@@ -65,6 +69,12 @@ Q5_0, Q5_1 = int(QType.Q5_0), int(QType.Q5_1)
 GEMM_MIN_M = 4  # from here tiles of unpacked W pay for themselves (BENCHMARKS.md, CPU engine)
 MR = 4  # microkernel rows of x (fixed by the code of _micro)
 NR = 4  # microkernel rows of W (fixed by the code of _micro and _gemv_kernel)
+# The microkernel's register tile follows the compile target, as the dot product does: the
+# 4 x 4 tile keeps 16 accumulators of 16 float lanes and 4 weight vectors in registers, which
+# fits AVX-512's 32 zmm. Where a 16-lane vector takes two registers or more (AVX2: two of its
+# 16 ymm) that spills in the hot loop, so there the 4 x 4 block is swept one row of W at a
+# time (4 x 1: 4 accumulators). Same steps per output element in the same order: same bits.
+NARROW = INT8_VARIANT not in ("vnni512", "avx512bw")
 NC = 64  # rows of W per unpacked tile / task (halved down to NC_MIN while tasks are too few)
 NC_MIN = 16
 TASKS_PER_THREAD = 4
@@ -120,6 +130,15 @@ def _step(qt, wb, dw, xb, dx, xc, acc):
 
 
 @njit(inline="always")
+def _xpair(qt, xq, xd, xc, xp):
+    """Activation pair xp (flat index): bytes, scale lanes and correction lanes. Types without
+    a correction (Q4_1, Q5_1: their xc lanes are 0) get zero lanes instead of a load: the
+    same integers, and one add fewer per dot where it is not VNNI's."""
+    c = izero() if _has_min(qt) else load_i16(xc, xp * 16)
+    return load_b64(xq, xp * 64), vload(xd, xp * 16), c
+
+
+@njit(inline="always")
 def _scratch(x):
     """x's quantized form (quant_int8's layout), allocated inside the call: cheaper than
     passing four more arrays from Python."""
@@ -148,9 +167,7 @@ def _dot4(w, qt, r0, r1, r2, r3, nb, P, xq, xd, xc, xs, m):
     bb, hdr = _layout(qt)
     a0 = a1 = a2 = a3 = vzero()
     for p in range(P):
-        xb = load_b64(xq, m * P * 64 + p * 64)
-        dx = vload(xd, m * P * 16 + p * 16)
-        c = load_i16(xc, m * P * 16 + p * 16)
+        xb, dx, c = _xpair(qt, xq, xd, xc, m * P + p)
         oa = 2 * p * bb
         ob = min(2 * p + 1, nb - 1) * bb
         wb = _wpair(w, qt, r0 + oa, r0 + ob, hdr)
@@ -251,7 +268,7 @@ def _unpack_tile(w, qt, n0, nc, nb, P, G, tb, td, tm):
 @njit(inline="always")
 def _row(qt, xq, xd, xc, xp, ws, ds, a0, a1, a2, a3):
     """One activation pair (flat pair index xp) against the 4 tile rows' pairs."""
-    xb, dx, c = load_b64(xq, xp * 64), vload(xd, xp * 16), load_i16(xc, xp * 16)
+    xb, dx, c = _xpair(qt, xq, xd, xc, xp)
     a0 = _step(qt, ws[0], ds[0], xb, dx, c, a0)
     a1 = _step(qt, ws[1], ds[1], xb, dx, c, a1)
     a2 = _step(qt, ws[2], ds[2], xb, dx, c, a2)
@@ -267,16 +284,48 @@ def _mins(xs, xg, ms, a0, a1, a2, a3):
 
 
 @njit(inline="always")
-def _micro(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums):
+def _sweep(qt, P, t, x0, x1, x2, x3, tb, td, tm, xq, xd, xc, xs):
+    """The accumulators of 4 quantized rows of x against one unpacked tile row (flat pair
+    index t): _micro's steps for one column of its block, for NARROW targets."""
+    a0 = a1 = a2 = a3 = vzero()
+    for p in range(P):
+        wb, dw = load_b64(tb, (t + p) * 64), vload(td, (t + p) * 16)
+        a0 = _pair(qt, xq, xd, xc, x0 * P + p, wb, dw, a0)
+        a1 = _pair(qt, xq, xd, xc, x1 * P + p, wb, dw, a1)
+        a2 = _pair(qt, xq, xd, xc, x2 * P + p, wb, dw, a2)
+        a3 = _pair(qt, xq, xd, xc, x3 * P + p, wb, dw, a3)
+    if _has_min(qt):
+        G = xs.shape[1] // 16
+        t = t // P * G
+        for g in range(G):
+            mw = vload(tm, (t + g) * 16)
+            a0 = vfma(mw, vload(xs, (x0 * G + g) * 16), a0)
+            a1 = vfma(mw, vload(xs, (x1 * G + g) * 16), a1)
+            a2 = vfma(mw, vload(xs, (x2 * G + g) * 16), a2)
+            a3 = vfma(mw, vload(xs, (x3 * G + g) * 16), a3)
+    return a0, a1, a2, a3
+
+
+@njit(inline="always")
+def _pair(qt, xq, xd, xc, xp, wb, dw, acc):
+    """One activation pair (flat pair index xp) against one tile row's pair."""
+    xb, dx, c = _xpair(qt, xq, xd, xc, xp)
+    return _step(qt, wb, dw, xb, dx, c, acc)
+
+
+@njit(inline="always")
+def _corners(M, P, mb, nb, nc):
+    """The block's 4 rows of x and flat pair indices of its 4 tile rows (past an edge: the
+    last one again, its results dropped)."""
+    x1, x2, x3 = min(mb + 1, M - 1), min(mb + 2, M - 1), min(mb + 3, M - 1)
+    t1, t2, t3 = min(nb + 1, nc - 1) * P, min(nb + 2, nc - 1) * P, min(nb + 3, nc - 1) * P
+    return mb, x1, x2, x3, nb * P, t1, t2, t3
+
+
+@njit(inline="always")
+def _micro_wide(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums):
     """out[mb:mb+4, n0+nb : n0+nb+4] from 4 quantized rows of x and 4 unpacked tile rows."""
-    x0 = mb
-    x1 = min(mb + 1, M - 1)
-    x2 = min(mb + 2, M - 1)
-    x3 = min(mb + 3, M - 1)
-    t0 = nb * P
-    t1 = min(nb + 1, nc - 1) * P
-    t2 = min(nb + 2, nc - 1) * P
-    t3 = min(nb + 3, nc - 1) * P
+    x0, x1, x2, x3, t0, t1, t2, t3 = _corners(M, P, mb, nb, nc)
     a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = vzero()
     a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = vzero()
     for p in range(P):
@@ -316,7 +365,12 @@ def _micro(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums
         0,
         hsum16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33),
     )
-    n = n0 + nb
+    _store(M, mb, n0 + nb, bias, out, sums)
+
+
+@njit(inline="always")
+def _store(M, mb, n, bias, out, sums):
+    """The block's lane sums (row-major 4 x 4) plus bias into out, inside its edges."""
     for i in range(MR):
         for j in range(NR):
             if mb + i < M and n + j < out.shape[1]:
@@ -324,6 +378,25 @@ def _micro(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums
                 if bias.shape[0]:
                     y += bias[n + j]
                 out[mb + i, n + j] = y
+
+
+@njit(inline="always")
+def _micro_narrow(qt, M, P, mb, nb, nc, n0, tb, td, tm, xq, xd, xc, xs, bias, out, sums):
+    """_micro_wide's block one tile row at a time (4 x 1): each column's 4 accumulators are
+    summed (hsum, as _put) before the next column's sweep, so no finished column stays live
+    in registers through the next hot loop."""
+    x0, x1, x2, x3, _, _, _, _ = _corners(M, P, mb, nb, nc)
+    for j in range(NR):  # a loop, not 4 inlined copies: a quarter of the code to compile
+        t = min(nb + j, nc - 1) * P
+        a0, a1, a2, a3 = _sweep(qt, P, t, x0, x1, x2, x3, tb, td, tm, xq, xd, xc, xs)
+        sums[j] = hsum(a0)
+        sums[NR + j] = hsum(a1)
+        sums[2 * NR + j] = hsum(a2)
+        sums[3 * NR + j] = hsum(a3)
+    _store(M, mb, n0 + nb, bias, out, sums)
+
+
+_micro = _micro_narrow if NARROW else _micro_wide
 
 
 @njit(inline="always")

@@ -49,7 +49,7 @@ def _simulating() -> bool:
     return bool(config.ENABLE_CUDASIM)
 
 
-# The smoke cases `make test` runs under the simulator (`-m "cudasim and smoke"`): at least one
+# The smoke cases `make test-cudasim-smoke` runs (`-m "cudasim and smoke"`): at least one
 # case calling each kernel module (--kernel-coverage checks it), picked among the cheap ones; the
 # whole matrix runs in `make test-cudasim` and on a GPU. A file's name alone takes all its cases.
 SMOKE = {
@@ -158,7 +158,7 @@ def rng(request):
 
 # Which kernel modules a simulator run launched: `--kernel-coverage` fails the run when a module
 # of vtllm/kernels/cuda that defines a kernel or device function saw none of them called, so a
-# subset (the smoke run of `make test`) cannot silently stop exercising one.
+# subset (the smoke run) cannot silently stop exercising one.
 _called_modules: set[str] = set()
 
 

@@ -32,11 +32,9 @@ serve: venv
 LINTED := vtllm tests loadtest bench tools
 # The CUDA kernels under numba's simulator: it must be on before numba.cuda is imported, so the
 # simulator runs are pytest processes of their own, spread over the machine's cores (the simulator
-# holds the GIL; --dist loadgroup keeps a module that shares an expensive fixture, marked
-# xdist_group, on one worker). --kernel-coverage fails a run in which some module of
-# vtllm/kernels/cuda had none of its kernels called.
-SIM_PYTEST := NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n auto --dist loadgroup
-CUDASIM := $(SIM_PYTEST) --kernel-coverage -m
+# holds the GIL). --kernel-coverage fails a run in which some module of vtllm/kernels/cuda had
+# none of its kernels called.
+CUDASIM := NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n auto --kernel-coverage -m
 
 # Lint and the CPU suite (kernels, engine, server, reliability, a short soak): within 10 minutes
 # on 2 cores. The CUDA kernels run under the simulator in their own targets.

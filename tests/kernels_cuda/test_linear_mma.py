@@ -113,7 +113,9 @@ def test_narrow_long_matrices_take_wide_blocks(rng):
     assert pack_bf16(dev(random_weight(rng, QType.BF16, *SHAPES[1]))).slices == WARPS
 
 
-@pytest.mark.parametrize("shape", [SHAPES[1], WIDE])
+# The wide-block shape on the card only (make test-gpu): about 3 minutes under the simulator,
+# whose CI phase is near its limit; the simulator keeps the WARPS-slice blocks' case.
+@pytest.mark.parametrize("shape", [SHAPES[1]] + ([] if SIMULATOR else [WIDE]))
 def test_a_token_gets_the_same_bits_in_any_batch(rng, shape):
     """Decode of one token, a batch, and a prefill-sized step, x split in the kernel or
     beforehand into the scratch: the row of a token is bitwise the same (the depth-2 law

@@ -18,8 +18,7 @@ from vtllm.models.synthetic import write_checkpoint
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan
 from vtllm.scheduler.sampling_params import SamplingParams
 
-# one worker of a parallel run: the module's fixtures (the reference decode) cost minutes
-pytestmark = [pytest.mark.cudasim, pytest.mark.xdist_group("spec_sim")]
+pytestmark = pytest.mark.cudasim
 
 BLOCK = 4
 VOCAB = 64
@@ -116,7 +115,8 @@ def reference(loaded):
 def test_tokens_equal_one_token_steps_with_drafts_right_and_wrong(loaded, reference):
     """Step 1: one right draft, then two wrong (the block of the rejected positions is given
     back); step 2: two right, then a wrong one. Six tokens in three forwards, each token and
-    logprob the one-token steps' to the bit."""
+    logprob the one-token steps' to the bit. Then the rows of a step with drafts against the
+    reference's one-row steps (check_rows_with_drafts_have_their_one_row_decode_bits)."""
     _, ref, ref_lps = reference
     wrong = [(t + 1) % VOCAB for t in ref]  # never the target's token
     shapes = iter([[ref[1], wrong[2], wrong[3]], [ref[3], ref[4], wrong[5]]])
@@ -126,6 +126,8 @@ def test_tokens_equal_one_token_steps_with_drafts_right_and_wrong(loaded, refere
         assert (a.token_id, a.rank, a.top_ids) == (b.token_id, b.rank, b.top_ids)
         assert _bits(a.logprob) == _bits(b.logprob)
         np.testing.assert_array_equal(_bits(a.top_logprobs), _bits(b.top_logprobs))
+    # in the same case: a parallel run's workers would each redo the reference decode
+    check_rows_with_drafts_have_their_one_row_decode_bits(reference)
 
 
 # ~3 minutes of the simulator: on the card only (make test-gpu), beside tests/gpu/test_spec_cuda;
@@ -151,7 +153,7 @@ def test_graphed_steps_with_fewer_drafts_than_rounds(loaded, reference, monkeypa
     assert runner.spec_rounds.tokens_host[2][2, 0] == -1  # step 2's third round drew nothing
 
 
-def test_rows_with_drafts_have_their_one_row_decode_bits(reference):
+def check_rows_with_drafts_have_their_one_row_decode_bits(reference):
     """Four rows (the last token and three drafts) over positions the reference computed:
     the last row's logits are the one-row step's at its position, bit for bit (four rows take
     qkv_rope and the ring kernel, one row rotates inside the split kernel)."""

@@ -54,8 +54,14 @@ def run_both(x, w, bias):
     return host(ours), host(theirs)
 
 
-@pytest.mark.parametrize("x_bf16", [False, True])
-@pytest.mark.parametrize("m", MS)
+# Under the simulator (slow) the partial tile past one (TOKENS + 9) with x rounded to bf16
+# only, the GPU default; the card runs every M both ways.
+CASES = [(m, x_bf16) for m in MS for x_bf16 in (False, True)]
+if SIMULATOR:
+    CASES.remove((TOKENS + 9, False))
+
+
+@pytest.mark.parametrize(("m", "x_bf16"), CASES)
 def test_same_bits_as_linear_mma(rng, m, x_bf16):
     """Either way of carrying x (W packed with or without x_bf16)."""
     for i, (n, k) in enumerate(SHAPES):

@@ -1,7 +1,8 @@
 """Writes phi3_references.json: HF transformers' logits and greedy tokens of the tiny random
 checkpoints of tests/models/phi3_tiny.py (Phi3ForCausalLM twice, a windowed
-MistralForCausalLM), float32 on the CPU with eager attention; and confirms the e4m3 table of
-phi3_tiny.e4m3_by_formula against torch.float8_e4m3fn.
+MistralForCausalLM, a Qwen2ForCausalLM windowed from its second layer), float32 on the CPU with
+eager attention; and confirms the e4m3 table of phi3_tiny.e4m3_by_formula against
+torch.float8_e4m3fn.
 
     /work/venv-ref/bin/python tests/goldens/make_phi3_references.py   # torch + transformers
 
@@ -34,6 +35,7 @@ from tests.models.phi3_tiny import (  # noqa: E402
 _CLASSES = {
     "Phi3ForCausalLM": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
     "MistralForCausalLM": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    "Qwen2ForCausalLM": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
 }
 
 

@@ -31,6 +31,7 @@ REFS = {
     **json.loads((GOLDENS / "phi3_references.json").read_text())["models"],
 }
 TINY = {"gemma2": gemma_tiny, "gemma3": gemma_tiny, "phi3": phi3_tiny, "mistral": phi3_tiny}
+TINY["qwen2window"] = phi3_tiny  # windowed from its second layer only
 BLOCK = 4
 
 

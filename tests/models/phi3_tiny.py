@@ -11,7 +11,9 @@ What each config exercises, on prompts of 40 tokens and 32 more generated:
   under original_max_position_embeddings 128; max_position_embeddings 512 makes the attention
   factor sqrt(1 + ln 4 / ln 128)), sliding_window 12, untied head;
 - phi4mini: Phi-4-mini style: partial_rotary_factor 0.75, longrope, tied embeddings, no window;
-- mistral: a sliding_window of 10 on a Mistral config.
+- mistral: a sliding_window of 10 on a Mistral config;
+- qwen2window: Qwen2 with use_sliding_window and max_window_layers 1: layer 0 global, layers 1
+  and 2 windowed (10), with the qkv bias.
 """
 
 import hashlib
@@ -83,6 +85,16 @@ CONFIGS = {
         "sliding_window": 10,
         "tie_word_embeddings": False,
     },
+    "qwen2window": {
+        **_BASE,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "max_position_embeddings": 256,
+        "use_sliding_window": True,
+        "sliding_window": 10,
+        "max_window_layers": 1,
+        "tie_word_embeddings": True,
+    },
 }
 
 
@@ -107,6 +119,12 @@ def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
                 (p + "self_attn.k_proj.weight", (kv * dim, hidden), "mat"),
                 (p + "self_attn.v_proj.weight", (kv * dim, hidden), "mat"),
             ]
+        if config["model_type"] == "qwen2":
+            specs += [
+                (p + "self_attn.q_proj.bias", (heads * dim,), "bias"),
+                (p + "self_attn.k_proj.bias", (kv * dim,), "bias"),
+                (p + "self_attn.v_proj.bias", (kv * dim,), "bias"),
+            ]
         specs.append((p + "self_attn.o_proj.weight", (hidden, heads * dim), "mat"))
         if phi:
             specs.append((p + "mlp.gate_up_proj.weight", (2 * inter, hidden), "mat"))
@@ -123,7 +141,8 @@ def tensor_specs(config: dict) -> list[tuple[str, tuple[int, ...], str]]:
 
 
 def tensors(name: str, seed: int = SEED) -> dict[str, np.ndarray]:
-    """Embeddings N(0, 0.09), norms 1 + N(0, 0.01), matrices N(0, 1/cols), float32."""
+    """Embeddings N(0, 0.09), norms 1 + N(0, 0.01), biases N(0, 0.04), matrices N(0, 1/cols),
+    float32."""
     rng = np.random.default_rng(seed)
     out = {}
     for tensor, shape, law in tensor_specs(CONFIGS[name]):
@@ -132,6 +151,8 @@ def tensors(name: str, seed: int = SEED) -> dict[str, np.ndarray]:
             x = 1.0 + 0.1 * x
         elif law == "embed":
             x = 0.3 * x
+        elif law == "bias":
+            x = 0.2 * x
         else:
             x = x / np.sqrt(shape[1])
         out[tensor] = x.astype(np.float32)

@@ -1,6 +1,7 @@
-"""Phi-3 (and Mistral's sliding window) against HF transformers: tiny random checkpoints drawn
-from a seed (tests/models/phi3_tiny.py), HF's logits and greedy tokens of them committed in
-tests/goldens/phi3_references.json (tests/goldens/make_phi3_references.py made them)."""
+"""Phi-3 (and the sliding windows of Mistral and Qwen2) against HF transformers: tiny random
+checkpoints drawn from a seed (tests/models/phi3_tiny.py), HF's logits and greedy tokens of them
+committed in tests/goldens/phi3_references.json (tests/goldens/make_phi3_references.py made
+them)."""
 
 import json
 import math
@@ -65,7 +66,9 @@ def test_greedy_matches_hf_and_chunks_are_invisible(model):
     prompt, out = ref["prompt_ids"], ref["output_ids"]
     ids = prompt + out
     window = phi3_tiny.CONFIGS[name]["sliding_window"] or 0
-    assert window < len(prompt) and (runner.model.window_spec is None) == (window == 0)
+    windowed = [False, True, True] if name == "qwen2window" else [bool(window)] * 3
+    assert window < len(prompt)
+    assert [spec is not None for spec in runner.model.window_specs] == windowed
     decode = teacher_forced_logits(runner, ids, [len(prompt)] + [1] * len(out))
     assert decode[len(prompt) - 1 : -1].argmax(1).tolist() == out
     whole = teacher_forced_logits(runner, ids, [len(ids)])
@@ -148,8 +151,8 @@ def test_window_only_where_it_bites(tmp_path):
     loaded = load_model(write(tmp_path, "mistral"))
     assert loaded.config.sliding_window == 10
     ops = CpuOps(kernels, loaded.config)
-    assert LlamaModel(loaded.config, loaded.weights, ops, 11).window_spec is None
-    assert LlamaModel(loaded.config, loaded.weights, ops, 12).window_spec is not None
+    assert LlamaModel(loaded.config, loaded.weights, ops, 11).window_specs == [None] * 3
+    assert None not in LlamaModel(loaded.config, loaded.weights, ops, 12).window_specs
 
     class NoWindowOps(CpuOps):
         attention_spec = property()  # a backend without windowed attention
@@ -159,6 +162,29 @@ def test_window_only_where_it_bites(tmp_path):
     qwen2 = {**phi3_tiny.CONFIGS["mistral"], "architectures": ["Qwen2ForCausalLM"]}
     (tmp_path / "config.json").write_text(json.dumps(qwen2))
     assert safetensors_loader.read_config(tmp_path).sliding_window == 0  # use_sliding_window
+
+
+def test_qwen_window_layers_follow_hf(tmp_path):
+    """Qwen2 / Qwen3 window the layers layer_types names, else those from max_window_layers
+    on (HF's rule); use_sliding_window off, or no layer left windowed: no window."""
+    base = phi3_tiny.CONFIGS["qwen2window"]
+
+    def layers(**change):
+        (tmp_path / "config.json").write_text(json.dumps({**base, **change}))
+        c = safetensors_loader.read_config(tmp_path)
+        return c.sliding_window, c.sliding_layers
+
+    assert layers() == (10, (False, True, True))
+    assert layers(architectures=["Qwen3ForCausalLM"], max_window_layers=2) == (
+        10,
+        (False, False, True),
+    )
+    types = ["sliding_attention", "full_attention", "sliding_attention"]
+    assert layers(layer_types=types) == (10, (True, False, True))
+    assert layers(use_sliding_window=False) == (0, (False,) * 3)
+    assert layers(max_window_layers=3) == (0, (False,) * 3)
+    with pytest.raises(UnsupportedModel, match="layer_types has 2 entries for 3 layers"):
+        layers(layer_types=types[:2])
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,9 @@ backend.
 
 Pre-norm decoder layers over a residual stream; GQA attention over a paged KV cache with
 rotary positions (qwen3: q/k norm first; qwen2: a qkv bias; mistral, phi3: a sliding window
-on every layer when the config sets one); a SwiGLU MLP; tied or untied lm_head. The backend's
-ops (models/ops) say how each step runs: kernels, buffers, fusions.
+on every layer when the config sets one, qwen2 / qwen3: on the layers it names); a SwiGLU MLP;
+tied or untied lm_head. The backend's ops (models/ops) say how each step runs: kernels,
+buffers, fusions.
 Hot path: keep it lean, put features in helpers.
 """
 
@@ -50,8 +51,9 @@ class LlamaModel:
         # of a dozen, and its scratch stays in cache); None where the backend has no such
         # kernel for these weights, or to run the ops one by one (same bits).
         self.fused = ops.fused_layers(weights)
-        self.window_spec = None
-        # a window no shorter than the longest sequence changes nothing: plain attention
+        # per layer: the windowed attention's spec, or None for plain attention. A window no
+        # shorter than the longest sequence changes nothing: plain attention everywhere.
+        self.window_specs = [None] * config.num_layers
         if 0 < config.sliding_window < max_positions - 1:
             if not hasattr(ops, "attention_spec"):
                 raise UnsupportedModel(
@@ -59,7 +61,9 @@ class LlamaModel:
                     "than max_model_len needs windowed attention, which this backend lacks"
                 )
             scale = float(config.head_dim) ** -0.5
-            self.window_spec = ops.attention_spec(cos_sin, scale, config.sliding_window, 0.0)
+            spec = ops.attention_spec(cos_sin, scale, config.sliding_window, 0.0)
+            sliding = config.sliding_layers or (True,) * config.num_layers
+            self.window_specs = [spec if s else None for s in sliding]
             self.fused = None  # the fused layer attends without a window
 
     def forward(self, step: StepInputs):
@@ -73,12 +77,11 @@ class LlamaModel:
         for i, layer in enumerate(w.layers):
             x = ops.rms_norm(h, layer.attn_norm)
             qkv = ops.qkv_proj(x, layer.qkv, layer.qkv_bias)
-            if self.window_spec is None:
+            window = self.window_specs[i]
+            if window is None:
                 attn = ops.attention(qkv, layer.q_norm, layer.k_norm, i, step)
             else:
-                attn = ops.attention_with(
-                    qkv, layer.q_norm, layer.k_norm, i, step, self.window_spec
-                )
+                attn = ops.attention_with(qkv, layer.q_norm, layer.k_norm, i, step, window)
             ops.add_linear(attn, layer.o, h)
             x = ops.rms_norm(h, layer.ffn_norm)
             ops.add_linear(ops.gated_up(x, layer.gate_up), layer.down, h)

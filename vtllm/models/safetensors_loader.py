@@ -51,8 +51,7 @@ def read_config(directory: Path) -> ModelConfig:
             scaling = None if kind == "default" else {**scaling, "rope_type": kind}
         eos = cfg.get("eos_token_id")
         layers = int(cfg["num_hidden_layers"])
-        # HF Mistral windows every layer when sliding_window is set (Mistral-7B-v0.1: 4096)
-        window = int(cfg.get("sliding_window") or 0) if fam.name == "mistral" else 0
+        window, sliding = _window_layers(cfg, fam.name, layers)
         return ModelConfig(
             architecture=fam.name,
             hidden_size=hidden,
@@ -72,10 +71,31 @@ def read_config(directory: Path) -> ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple([eos] if isinstance(eos, int) else (eos or [])),
             sliding_window=window,
-            sliding_layers=(bool(window),) * layers,
+            sliding_layers=sliding,
         )
     except KeyError as exc:
         raise ModelLoadError(f"{path}: missing field {exc.args[0]}") from None
+
+
+def _window_layers(cfg: dict, family: str, layers: int) -> tuple[int, tuple[bool, ...]]:
+    """(sliding_window, which layers it applies to), as HF's config classes decide it:
+    Mistral windows every layer when sliding_window is set (Mistral-7B-v0.1: 4096); Qwen2 and
+    Qwen3 only with use_sliding_window, on the layers layer_types names "sliding_attention"
+    (without layer_types: layers from max_window_layers on, HF's default 28)."""
+    window = int(cfg.get("sliding_window") or 0)
+    if family == "mistral" and window:
+        return window, (True,) * layers
+    if family in ("qwen2", "qwen3") and cfg.get("use_sliding_window") and window:
+        types = cfg.get("layer_types")
+        if types is None:
+            first = int(cfg.get("max_window_layers", 28))
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+        sliding = tuple(t == "sliding_attention" for t in types)
+        if len(sliding) != layers:
+            raise UnsupportedModel(f"layer_types has {len(sliding)} entries for {layers} layers")
+        if any(sliding):
+            return window, sliding
+    return 0, (False,) * layers
 
 
 def _map_file(path: Path) -> dict[str, np.ndarray]:

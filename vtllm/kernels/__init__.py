@@ -6,6 +6,7 @@ Leaf package: imports nothing else of vtllm. Weight matrices are passed as (data
 - QType.Q5_0 / Q5_1: uint8 [N, K // 32 * Q5_BYTES[qtype]], GGML block layout, row-major
 - QType.Q2_K .. Q8_K (K-quants): uint8 [N, K // 256 * KQUANT_BYTES[qtype]], GGML super-blocks of
   256 weights, row-major
+- FP8_ROWS: uint8 [N, K + 4], each row's K e4m3fn codes, then its float32 scale (little-endian)
 """
 
 from enum import IntEnum
@@ -29,6 +30,11 @@ class QType(IntEnum):
     Q8_K = 15
     BF16 = 30
 
+
+# FP8 weights with a scale per row (per-tensor or per-output-channel FP8 checkpoints), as the
+# CUDA backend keeps them (kernels/cuda/_fp8); the CPU gets them dequantized to F32 (models/fp8).
+# Not a GGML type, so not a QType member: the GGML-numbered sets and their tests stay as they are.
+FP8_ROWS = 1000
 
 QK = 32  # weights per quantized block
 BLOCK_BYTES = {QType.Q4_0: 18, QType.Q4_1: 20, QType.Q8_0: 34}

@@ -22,6 +22,11 @@ same float additions, so the same bits for every token, whatever M and whichever
 the step. _linear_mma's zero tiles padding K only add exact zeros: skipped here. The total
 stays in shared memory, not in registers next to p, so that the registers have room for the
 two fragment buffers that let the loads run ahead of the mmas.
+
+FP8 W (_fp8.pack_fp8): its 64-word tiles take half the A part of a stage; each A fragment is
+converted to bf16 as it is read into the register buffers (_ptx.e4m3x4_to_bf16x4), so the mmas
+are bf16's, and each total is multiplied by its row's scale before the bias, as _linear_mma
+does: the same bits.
 """
 
 import numpy as np
@@ -30,6 +35,7 @@ from numba import cuda, float32, int32, uint32
 from vtllm.kernels.cuda._device import SIMULATOR, imin
 from vtllm.kernels.cuda._host import allow_dynamic_shared
 from vtllm.kernels.cuda._linear_mma import (
+    FP8_TILE_WORDS,
     TILE_WORDS,
     X_BF16_TILE_WORDS,
     PackedBF16,
@@ -38,8 +44,10 @@ from vtllm.kernels.cuda._linear_mma import (
 from vtllm.kernels.cuda._ptx import (
     copy_async_commit,
     copy_async_waiter,
+    e4m3x4_to_bf16x4,
     grid_dependency_sync,
     mma_bf16,
+    mul_rn,
 )
 from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x2, shared_u32x4
 
@@ -68,23 +76,30 @@ A_FRAGS = 4 * WT_M  # one warp's A fragments of a K tile, per lane
 B_FRAGS = 4 * WT_N  # its x fragments (hi, hi, lo, lo per group; hi, hi with x_bf16)
 A_BUFFERS, B_BUFFERS = 2 * A_FRAGS, 2 * B_FRAGS  # two of each: this K tile's, the next's
 ACCS = 4 * WT_M * WT_N  # accumulators per thread
-A_WORDS = BLOCK_TILES * TILE_WORDS  # a K tile's A tiles in shared memory, then its x groups
-A_COPIES = BLOCK_TILES * 32 // THREADS  # 16-byte copies per thread per K tile, of W's tiles
+A_COPIES = BLOCK_TILES * 32 // THREADS  # 16-byte copies per thread per K tile, of bf16 W's tiles
 X_COPIES_MAX = -(-BLOCK_GROUPS * 32 // THREADS)  # and at most these of x's groups
 COPIES = A_COPIES + X_COPIES_MAX
 assert A_COPIES * THREADS == BLOCK_TILES * 32 and THREADS % 32 == 0
 assert min(STAGES.values()) >= 2
 
 
-def _layout(x_bf16: bool) -> dict:
+def _layout(x_bf16: bool, fp8: bool = False) -> dict:
     """Shared memory of a block, in uint32 words, for x split into hi + lo (128-word tiles) or
-    rounded to hi only (x_bf16, 64-word tiles): the STAGES[x_bf16] stages of two K tiles each
-    (the A tiles, then the x groups), then the running totals [ACCS][THREADS]."""
+    rounded to hi only (x_bf16, 64-word tiles), W bf16 (128-word tiles) or FP8 (64): the
+    STAGES[x_bf16] stages of two K tiles each (the A tiles, then the x groups), then the
+    running totals [ACCS][THREADS]."""
     x_words = X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS
-    tile_span = A_WORDS + BLOCK_GROUPS * x_words
+    a_tile = FP8_TILE_WORDS if fp8 else TILE_WORDS
+    a_chunks = BLOCK_TILES * a_tile // 4  # 16-byte copies of a K tile's A tiles
+    a_words = BLOCK_TILES * a_tile
+    tile_span = a_words + BLOCK_GROUPS * x_words
     sums_at = STAGES[x_bf16] * 2 * tile_span
     x_chunks = BLOCK_GROUPS * x_words // 4  # 16-byte copies of a K tile's x groups
     return {
+        "a_tile": a_tile,
+        "a_words": a_words,
+        "a_chunks": a_chunks,
+        "a_copies": -(-a_chunks // THREADS),
         "x_words": x_words,
         "tile_span": tile_span,
         "stage_words": 2 * tile_span,
@@ -108,36 +123,47 @@ _WAIT_NEXT = {stages: copy_async_waiter(stages - 2) for stages in set(STAGES.val
 
 
 @cuda.jit(device=True)
-def _copy_tile(ops, at, kt, xp, packed, tid, rows, x_words, x_chunks, x_copies):
+def _copy_tile(ops, at, kt, xp, packed, tid, rows, lay):
     """Copies K tile kt of the block's A tiles and x groups to ops[at ..]: thread tid's
-    16-byte chunks tid, tid + THREADS, .. (A chunk c: tile c // 32, lane c % 32; x chunk c:
-    group c // (x_words / 4), piece c % (x_words / 4)), from the rows of packed and xp that
-    rows holds (see the kernel)."""
-    col = kt * TILE_WORDS + 4 * (tid % 32)
-    for u in range(A_COPIES):
-        copy_async16_to(ops, at + 4 * (tid + u * THREADS), packed, rows[u], col)
-    xcol = col if x_words == TILE_WORDS else kt * x_words + 4 * (tid % (x_words // 4))
+    16-byte chunks tid, tid + THREADS, .. (A chunk c: tile c // (a_tile / 4), piece
+    c % (a_tile / 4); x chunk c: group c // (x_words / 4), piece c % (x_words / 4)), from the
+    rows of packed and xp that rows holds (see the kernel). lay: the layout's sizes
+    (_kernel_layout), constants of the kernel."""
+    a_tile, a_words, a_chunks, a_copies, x_words, x_chunks, x_copies = lay
+    col = kt * a_tile + 4 * (tid % (a_tile // 4))
+    for u in range(a_copies):
+        c = tid + u * THREADS
+        if a_chunks % THREADS == 0 or c < a_chunks:  # (a constant test first)
+            copy_async16_to(ops, at + 4 * c, packed, rows[u], col)
+    xcol = kt * x_words + 4 * (tid % (x_words // 4))
     for u in range(x_copies):
         c = tid + u * THREADS
-        if x_chunks % THREADS == 0 or c < x_chunks:  # (a constant test first)
-            copy_async16_to(ops, at + A_WORDS + 4 * c, xp, rows[A_COPIES + u], xcol)
+        if x_chunks % THREADS == 0 or c < x_chunks:
+            copy_async16_to(ops, at + a_words + 4 * c, xp, rows[a_copies + u], xcol)
 
 
 @cuda.jit(device=True)
-def _fragments(ops, at, wm, wn, lane, fa, fb, buf, x_words):
-    """This warp's fragments of the K tile at ops[at ..] into register buffer buf (0 or 1)."""
+def _fragments(ops, at, wm, wn, lane, fa, fb, buf, lay):
+    """This warp's fragments of the K tile at ops[at ..] into register buffer buf (0 or 1);
+    FP8 A fragments converted to bf16 on the way."""
+    a_tile, a_words, _, _, x_words, _, _ = lay
     for i in range(WT_M):
-        a0, a1, a2, a3 = shared_u32x4(ops, at + (wm * WT_M + i) * TILE_WORDS + 4 * lane)
         e = buf * A_FRAGS + 4 * i
+        if a_tile == TILE_WORDS:
+            a0, a1, a2, a3 = shared_u32x4(ops, at + (wm * WT_M + i) * TILE_WORDS + 4 * lane)
+        else:
+            w0, w1 = shared_u32x2(ops, at + (wm * WT_M + i) * a_tile + 2 * lane)
+            a0, a1 = e4m3x4_to_bf16x4(w0)
+            a2, a3 = e4m3x4_to_bf16x4(w1)
         fa[e], fa[e + 1], fa[e + 2], fa[e + 3] = a0, a1, a2, a3
     for j in range(WT_N):
-        x_tile = BLOCK_TILES * (TILE_WORDS // x_words) + wn * WT_N + j  # in x tiles from at
+        x_at = at + a_words + (wn * WT_N + j) * x_words
         e = buf * B_FRAGS + 4 * j
         if x_words == TILE_WORDS:
-            h0, h1, l0, l1 = shared_u32x4(ops, at + x_tile * x_words + 4 * lane)
+            h0, h1, l0, l1 = shared_u32x4(ops, x_at + 4 * lane)
             fb[e], fb[e + 1], fb[e + 2], fb[e + 3] = h0, h1, l0, l1
         else:
-            fb[e], fb[e + 1] = shared_u32x2(ops, at + x_tile * x_words + 2 * lane)
+            fb[e], fb[e + 1] = shared_u32x2(ops, x_at + 2 * lane)
 
 
 @cuda.jit(device=True)
@@ -179,17 +205,23 @@ def _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at):
     return kt, r
 
 
-def _gemm_kernel(x_bf16):
+def _gemm_kernel(x_bf16, fp8):
     """The kernel for W packed with or without x_bf16 (a constant: the lo mma and its words
-    fold away); its shared-memory layout's sizes are constants of it too."""
-    layout = _layout(x_bf16)
-    x_words, x_chunks, x_copies = layout["x_words"], layout["x_chunks"], layout["x_copies"]
+    fold away), bf16 or FP8; its shared-memory layout's sizes are constants of it too. FP8
+    kernels take the rows' scales as one argument more (bf16 ones pass bias in its place,
+    never read: an array argument costs a launch from Python time)."""
+    layout = _layout(x_bf16, fp8)
+    lay = tuple(
+        layout[key]
+        for key in ("a_tile", "a_words", "a_chunks", "a_copies", "x_words", "x_chunks", "x_copies")
+    )
+    x_words, x_copies, a_copies = layout["x_words"], layout["x_copies"], layout["a_copies"]
+    a_pieces = layout["a_tile"] // 4  # 16-byte chunks of a tile of W
     tile_span, stage_words, sums_at = layout["tile_span"], layout["stage_words"], layout["sums_at"]
     stages, wait_next = STAGES[x_bf16], _WAIT_NEXT[STAGES[x_bf16]]
 
-    @cuda.jit(cache=True, **_REGISTERS[x_bf16])
-    def kernel(xp, packed, bias, has_bias, out, residues):
-        grid_dependency_sync()
+    @cuda.jit(device=True)
+    def body(xp, packed, bias, has_bias, out, residues, scale, ops, sums, fa, fb, p, rows):
         M, N = out.shape
         ktiles = xp.shape[1] // x_words  # real K tiles (x has no padding)
         nstages = (ktiles + 1) // 2
@@ -200,21 +232,15 @@ def _gemm_kernel(x_bf16):
         wm, wn = warp // WARPS_N, warp % WARPS_N
         nt0 = cuda.blockIdx.y * BLOCK_TILES
         g0 = cuda.blockIdx.x * BLOCK_GROUPS
-        ops = cuda.shared.array(0, uint32)  # dynamic: the stages, then the totals
-        sums = cuda.shared.array(0, float32)  # the same memory, read as floats past sums_at
-        fa = cuda.local.array(A_BUFFERS, uint32)  # registers: constant indices once unrolled
-        fb = cuda.local.array(B_BUFFERS, uint32)
-        p = cuda.local.array(ACCS, float32)
         for e in range(ACCS):
             p[e] = np.float32(0.0)
         # the rows this thread copies from, the same for every K tile: W's row tile, x's token
         # group (past W's end or x's, the last one: those results are not written)
-        rows = cuda.local.array(COPIES, int32)
-        for u in range(A_COPIES):
-            rows[u] = imin(nt0 + (tid + u * THREADS) // 32, last_tile)
+        for u in range(a_copies):
+            rows[u] = imin(nt0 + (tid + u * THREADS) // a_pieces, last_tile)
         for u in range(x_copies):
             unit = (tid + u * THREADS) // (x_words // 4)
-            rows[A_COPIES + u] = imin(g0 + unit, last_group)
+            rows[a_copies + u] = imin(g0 + unit, last_group)
 
         # Position q of the summation order is K tile kt(q): residue class r = 0, 1, .. (tiles r,
         # r + residues, ..). Stage s holds positions 2 s and 2 s + 1; copies run stages - 1 stages
@@ -224,7 +250,7 @@ def _gemm_kernel(x_bf16):
             for t in range(2):
                 if 2 * s + t < ktiles:
                     at = s * stage_words + t * tile_span
-                    _copy_tile(ops, at, load_kt, xp, packed, tid, rows, x_words, x_chunks, x_copies)
+                    _copy_tile(ops, at, load_kt, xp, packed, tid, rows, lay)
                     load_kt += residues
                     if load_kt >= ktiles:
                         load_r += 1
@@ -232,7 +258,7 @@ def _gemm_kernel(x_bf16):
             copy_async_commit()
         wait_next()
         cuda.syncthreads()
-        _fragments(ops, 0, wm, wn, lane, fa, fb, 0, x_words)
+        _fragments(ops, 0, wm, wn, lane, fa, fb, 0, lay)
 
         r = kt = 0
         # stage s's slot, (s % stages) * stage_words, stepped rather than divided (stages
@@ -246,23 +272,21 @@ def _gemm_kernel(x_bf16):
                 for t in range(2):
                     if 2 * ahead + t < ktiles:
                         at = refill + t * tile_span
-                        _copy_tile(
-                            ops, at, load_kt, xp, packed, tid, rows, x_words, x_chunks, x_copies
-                        )
+                        _copy_tile(ops, at, load_kt, xp, packed, tid, rows, lay)
                         load_kt += residues
                         if load_kt >= ktiles:
                             load_r += 1
                             load_kt = load_r
             copy_async_commit()
             # first K tile of the stage (buffer 0); the second's fragments load meanwhile
-            _fragments(ops, here + tile_span, wm, wn, lane, fa, fb, 1, x_words)
+            _fragments(ops, here + tile_span, wm, wn, lane, fa, fb, 1, lay)
             _mmas(fa, fb, 0, p, x_bf16)
             kt, r = _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at)
             # second K tile (buffer 1); the next stage's first tile loads once it has landed
             wait_next()
             cuda.syncthreads()
             here = here + stage_words if here + stage_words < stages * stage_words else 0
-            _fragments(ops, here, wm, wn, lane, fa, fb, 0, x_words)
+            _fragments(ops, here, wm, wn, lane, fa, fb, 0, lay)
             if 2 * s + 1 < ktiles:
                 _mmas(fa, fb, 1, p, x_bf16)
                 kt, r = _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at)
@@ -280,14 +304,44 @@ def _gemm_kernel(x_bf16):
                         v = sums[sums_at + (4 * (i * WT_N + j) + e) * THREADS + tid]
                         if zero_fix:
                             v += np.float32(0.0)
+                        if fp8:
+                            v = mul_rn(v, scale[rr])
                         if has_bias:
                             v += bias[rr]
                         out[tk, rr] = v
 
+    if fp8:
+
+        @cuda.jit(cache=True, **_REGISTERS[x_bf16])
+        def kernel(xp, packed, bias, has_bias, out, residues, scale):
+            grid_dependency_sync()
+            ops = cuda.shared.array(0, uint32)  # dynamic: the stages, then the totals
+            sums = cuda.shared.array(0, float32)  # the same memory, as floats past sums_at
+            fa = cuda.local.array(A_BUFFERS, uint32)  # registers: constant indices once unrolled
+            fb = cuda.local.array(B_BUFFERS, uint32)
+            p = cuda.local.array(ACCS, float32)
+            rows = cuda.local.array(COPIES, int32)
+            body(xp, packed, bias, has_bias, out, residues, scale, ops, sums, fa, fb, p, rows)
+
+    else:
+
+        @cuda.jit(cache=True, **_REGISTERS[x_bf16])
+        def kernel(xp, packed, bias, has_bias, out, residues):
+            grid_dependency_sync()
+            ops = cuda.shared.array(0, uint32)  # dynamic: the stages, then the totals
+            sums = cuda.shared.array(0, float32)  # the same memory, as floats past sums_at
+            fa = cuda.local.array(A_BUFFERS, uint32)  # registers: constant indices once unrolled
+            fb = cuda.local.array(B_BUFFERS, uint32)
+            p = cuda.local.array(ACCS, float32)
+            rows = cuda.local.array(COPIES, int32)
+            body(xp, packed, bias, has_bias, out, residues, bias, ops, sums, fa, fb, p, rows)
+
     return kernel
 
 
-_KERNELS = {x_bf16: _gemm_kernel(x_bf16) for x_bf16 in (False, True)}
+_KERNELS = {
+    (x_bf16, fp8): _gemm_kernel(x_bf16, fp8) for x_bf16 in (False, True) for fp8 in (False, True)
+}
 
 
 def gemm_pays(m: int, n: int) -> bool:
@@ -305,9 +359,9 @@ def gemm_mma(xp, w: PackedBF16, out, *, bias=None, stream=0) -> None:
     m, n = out.shape
     if m == 0:
         return
-    args = (xp, w.data, bias, has_bias, out, w.slices)
-    kernel = _KERNELS[w.x_bf16]
-    nbytes = _layout(w.x_bf16)["shared_bytes"]
+    args = (xp, w.data, bias, has_bias, out, w.slices, *((w.scale,) if w.fp8 else ()))
+    kernel = _KERNELS[w.x_bf16, w.fp8]
+    nbytes = _layout(w.x_bf16, w.fp8)["shared_bytes"]
     allow_dynamic_shared(kernel, args, nbytes)
     grid = (-(-xp.shape[0] // BLOCK_GROUPS), -(-(n // 16) // BLOCK_TILES))
     kernel[grid, THREADS, stream, nbytes](*args)

@@ -347,6 +347,8 @@ def round_x(x, x_scratch, *, stream=0):
 def gemm_wgmma(xw, w: PackedBF16, out, *, bias=None, stream=0) -> None:
     """out[M, N] = x @ W.T (+ bias[N]) for x rounded by round_x into xw (its return value for
     x [M, K]) and W packed by pack_bf16 with x_bf16. Device arrays; out must not overlap xw."""
+    if w.fp8:  # its A comes from shared memory as stored: no room for the FP8 conversion
+        raise ValueError("gemm_wgmma: W is FP8 (pack_fp8): prefill takes gemm_mma for it")
     if not WGMMA:
         raise ValueError("gemm_wgmma: wgmma needs an sm_90 (Hopper) GPU")
     if not w.x_bf16:

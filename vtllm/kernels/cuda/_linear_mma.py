@@ -38,6 +38,14 @@ other groups' accumulators are constant zeros there, and the registers they free
 next trip's tiles of W, loaded before this trip's mmas, so a warp's loads stay in flight
 while it computes (same products and sums: same bits).
 
+FP8 weights (PackedBF16 with a scale, _fp8.pack_fp8): the same tiles in the same fragment
+order, one byte a weight (FP8_TILE_WORDS: a lane's 8 codes in two words, one 64-bit load);
+each fragment is turned into bf16 in registers (_ptx.e4m3x4_to_bf16x4, exact) and runs the very
+same mmas, and each output is its sum times its row's scale (_ptx.mul_rn), before the bias.
+Weight-only, x as for bf16 W: prefill here is bound by latency, not by the tensor cores' rate,
+so FP8 x FP8 mmas would buy little, while bf16 activations keep the bf16 path's accuracy;
+memory and decode's bytes halve either way (Hopper's FP8 mma is a possible next step).
+
 Over 400 lines: the packed format (pack_bf16, split_x, packed_shape) stays beside the kernel
 whose loop defines it (warps_for, UNROLL: the K slices that every tensor-core kernel of
 matmul sums in, in this kernel's order), so that the two change together.
@@ -51,11 +59,13 @@ from numba import cuda, float32
 from vtllm.kernels.cuda._device import MAX_WARPS, SIMULATOR, imin
 from vtllm.kernels.cuda._host import aligned, check, placeholder
 from vtllm.kernels.cuda._ptx import (
+    e4m3x4_to_bf16x4,
     grid_dependency_sync,
     load_f32x2,
     load_u32x2,
     load_u32x4,
     mma_bf16,
+    mul_rn,
     split_bf16x2,
 )
 from vtllm.kernels.cuda.activation import silu_mul
@@ -78,6 +88,7 @@ GROUPS = 4  # 8-token groups per block (the code below is written out for four)
 TOKENS = 8 * GROUPS
 UNROLL = 4  # tiles of W each warp has in flight (written out below)
 TILE_WORDS = 128  # uint32 words per packed 16x16 tile: 32 lanes x 4 registers
+FP8_TILE_WORDS = 64  # the same tile of e4m3 codes: 32 lanes x 8 bytes
 # x split for W packed with x_bf16 keeps hi only: lane L's two words at 2 L of a 64-word tile
 # (half the bytes to move and to keep; split_x)
 X_BF16_TILE_WORDS = 64
@@ -98,24 +109,30 @@ def warps_for(n: int, k: int) -> int:
     return WARPS
 
 
-def packed_shape(n: int, k: int) -> tuple[int, int]:
+def packed_shape(n: int, k: int, fp8: bool = False) -> tuple[int, int]:
     """K is padded with zero tiles to whole rounds of the kernel's loop (warps x UNROLL
     tiles), so the loop needs no bounds checks on W: the zeros add exact zeros."""
     step = warps_for(n, k) * UNROLL
     rounds = -(-(k // 16) // step)
-    return n // 16, rounds * step * TILE_WORDS
+    return n // 16, rounds * step * (FP8_TILE_WORDS if fp8 else TILE_WORDS)
 
 
 @dataclass(frozen=True, slots=True)
 class PackedBF16:
     """W [n, k] in fragment order (pack_bf16); data: device uint32 of packed_shape(n, k).
     x_bf16: the kernels multiply it by x rounded to bf16 (one mma a product) instead of
-    x split into hi + lo (see the module docstring)."""
+    x split into hi + lo (see the module docstring). scale: None for bf16 W; for FP8 W, the
+    device float32 [n] scales of its rows, data holding e4m3 codes (_fp8.pack_fp8)."""
 
     data: object
     n: int
     k: int
     x_bf16: bool = False
+    scale: object = None
+
+    @property
+    def fp8(self) -> bool:
+        return self.scale is not None
 
     @property
     def slices(self) -> int:
@@ -146,6 +163,18 @@ def _pack_kernel(w, packed):
         packed[nt, rem] = np.uint32(0)
     else:
         packed[nt, rem] = np.uint32(w[row, col]) | (np.uint32(w[row, col + 1]) << np.uint32(16))
+
+
+@cuda.jit(device=True)
+def _fragment(packed, nt, kt, lane, fp8):
+    """This lane's A fragment of tile kt (row tile nt): four bf16 pairs, converted from its 8
+    e4m3 codes for FP8 W."""
+    if fp8:
+        w0, w1 = load_u32x2(packed, nt, kt * FP8_TILE_WORDS + 2 * lane)
+        a0, a1 = e4m3x4_to_bf16x4(w0)
+        a2, a3 = e4m3x4_to_bf16x4(w1)
+        return a0, a1, a2, a3
+    return load_u32x4(packed, nt, kt * TILE_WORDS + 4 * lane)
 
 
 @cuda.jit(device=True)
@@ -240,12 +269,14 @@ def _linear_mma_block(
     nw,
     eps,
     accumulate,
+    fp8,
+    scale,
 ):
-    """One block's work (module docstring); warps, one_group, x_bf16, swiglu, norm and
-    accumulate are constants of the calling kernel, so once inlined the loop strides are too,
-    with one_group (M <= 8) the other groups' code folds away and with x_bf16 the second mma.
-    partial: shared [min(warps, PARTIAL_ROWS), 16, 32]. swiglu, norm (one_group only),
-    accumulate: see _linear_mma."""
+    """One block's work (module docstring); warps, one_group, x_bf16, swiglu, norm,
+    accumulate and fp8 are constants of the calling kernel, so once inlined the loop strides
+    are too, with one_group (M <= 8) the other groups' code folds away and with x_bf16 the
+    second mma. partial: shared [min(warps, PARTIAL_ROWS), 16, 32]. swiglu, norm (one_group
+    only), accumulate: see _linear_mma. fp8: W holds e4m3 codes, scale its rows' scales."""
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
@@ -263,16 +294,15 @@ def _linear_mma_block(
     z = np.float32(0.0)
     acc = (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
     last = K // 16 - 1  # x has no padding: padded tiles read its last tile (times zeros)
-    base = 4 * lane
-    ntiles, stride = packed.shape[1] // TILE_WORDS, warps * UNROLL  # UNROLL tiles a trip
-    # The loads are written out, not a helper: numba's simulator makes every device-function
-    # call a locked swap of module globals, which dominates this kernel's time there; on the
-    # GPU both forms compile to the same SASS. Before the loop: the first trip's tiles (one_group;
-    # the other kernel drops these unused loads).
-    f0 = load_u32x4(packed, nt, warp * TILE_WORDS + base)
-    f1 = load_u32x4(packed, nt, (warp + warps) * TILE_WORDS + base)
-    f2 = load_u32x4(packed, nt, (warp + 2 * warps) * TILE_WORDS + base)
-    f3 = load_u32x4(packed, nt, (warp + 3 * warps) * TILE_WORDS + base)
+    ntiles = packed.shape[1] // (FP8_TILE_WORDS if fp8 else TILE_WORDS)
+    stride = warps * UNROLL  # UNROLL tiles a trip
+    # Before the loop: the first trip's tiles (one_group; the other kernel drops these unused
+    # loads). Each is one device-function call, inlined on the GPU (numba's simulator makes
+    # every call a locked swap of module globals: the fewer, the faster it runs there).
+    f0 = _fragment(packed, nt, warp, lane, fp8)
+    f1 = _fragment(packed, nt, warp + warps, lane, fp8)
+    f2 = _fragment(packed, nt, warp + 2 * warps, lane, fp8)
+    f3 = _fragment(packed, nt, warp + 3 * warps, lane, fp8)
     inv = np.float32(0.0)
     if norm:  # this lane's token's, one row at a time; the loads above are in flight meanwhile
         scratch = cuda.shared.array(MAX_WARPS, float32)
@@ -283,15 +313,15 @@ def _linear_mma_block(
     for kt in range(warp, ntiles, stride):
         if one_group:  # the next trip's tiles (this trip's again on the last trip)
             nk = kt + stride if kt + stride < ntiles else kt
-            n0 = load_u32x4(packed, nt, nk * TILE_WORDS + base)
-            n1 = load_u32x4(packed, nt, (nk + warps) * TILE_WORDS + base)
-            n2 = load_u32x4(packed, nt, (nk + 2 * warps) * TILE_WORDS + base)
-            n3 = load_u32x4(packed, nt, (nk + 3 * warps) * TILE_WORDS + base)
+            n0 = _fragment(packed, nt, nk, lane, fp8)
+            n1 = _fragment(packed, nt, nk + warps, lane, fp8)
+            n2 = _fragment(packed, nt, nk + 2 * warps, lane, fp8)
+            n3 = _fragment(packed, nt, nk + 3 * warps, lane, fp8)
         else:  # no registers to spare: load this trip's tiles now
-            f0 = load_u32x4(packed, nt, kt * TILE_WORDS + base)
-            f1 = load_u32x4(packed, nt, (kt + warps) * TILE_WORDS + base)
-            f2 = load_u32x4(packed, nt, (kt + 2 * warps) * TILE_WORDS + base)
-            f3 = load_u32x4(packed, nt, (kt + 3 * warps) * TILE_WORDS + base)
+            f0 = _fragment(packed, nt, kt, lane, fp8)
+            f1 = _fragment(packed, nt, kt + warps, lane, fp8)
+            f2 = _fragment(packed, nt, kt + 2 * warps, lane, fp8)
+            f3 = _fragment(packed, nt, kt + 3 * warps, lane, fp8)
         acc = _tile(
             x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc, x_bf16, norm, nw, inv
         )
@@ -379,6 +409,8 @@ def _linear_mma_block(
             if tok < M:
                 s = sums[j]
                 row = 16 * nt + src // 4 + 8 * ((i % 4) // 2)
+                if fp8:
+                    s = mul_rn(s, scale[row])
                 if has_bias:
                     s += bias[row]
                 if accumulate:  # the residual add rms_norm did: same operands, same bits
@@ -387,54 +419,90 @@ def _linear_mma_block(
                     out[tok, row] = s
                 elif i % 4 < 2:  # gate row; its up row's sum is accumulator i + 2's
                     u = partial[0, i + 2, src]
+                    if fp8:
+                        u = mul_rn(u, scale[row + 8])
                     if has_bias:
                         u += bias[row + 8]
                     out[tok, 8 * nt + src // 4] = silu_mul(s, u)
 
 
-def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False):
+def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False, fp8=False):
     """A kernel running _linear_mma_block with these constants (decode kernels, one_group,
-    split x themselves: prepacked is ignored there)."""
+    split x themselves: prepacked is ignored there). FP8 kernels take the rows' scales as one
+    argument more; the bf16 ones pass bias in its place, never read (an array argument costs a
+    launch from Python time)."""
     registers = _WIDE_REGISTERS if warps == WIDE_WARPS else _REGISTERS
     rows = min(warps, PARTIAL_ROWS)
 
-    @cuda.jit(cache=True, **registers)
-    def kernel(x, xp, prepacked, packed, bias, has_bias, out, nw, eps):
-        grid_dependency_sync()
-        partial = cuda.shared.array((rows, 16, 32), float32)
-        _linear_mma_block(
-            x,
-            xp,
-            prepacked and not one_group,
-            packed,
-            bias,
-            has_bias,
-            out,
-            partial,
-            warps,
-            one_group,
-            x_bf16,
-            swiglu,
-            norm,
-            nw,
-            eps,
-            accumulate,
-        )
+    if fp8:
+
+        @cuda.jit(cache=True, **registers)
+        def kernel(x, xp, prepacked, packed, bias, has_bias, out, nw, eps, scale):
+            grid_dependency_sync()
+            partial = cuda.shared.array((rows, 16, 32), float32)
+            _linear_mma_block(
+                x,
+                xp,
+                prepacked and not one_group,
+                packed,
+                bias,
+                has_bias,
+                out,
+                partial,
+                warps,
+                one_group,
+                x_bf16,
+                swiglu,
+                norm,
+                nw,
+                eps,
+                accumulate,
+                fp8,
+                scale,
+            )
+
+    else:
+
+        @cuda.jit(cache=True, **registers)
+        def kernel(x, xp, prepacked, packed, bias, has_bias, out, nw, eps):
+            grid_dependency_sync()
+            partial = cuda.shared.array((rows, 16, 32), float32)
+            _linear_mma_block(
+                x,
+                xp,
+                prepacked and not one_group,
+                packed,
+                bias,
+                has_bias,
+                out,
+                partial,
+                warps,
+                one_group,
+                x_bf16,
+                swiglu,
+                norm,
+                nw,
+                eps,
+                accumulate,
+                fp8,
+                bias,
+            )
 
     return kernel
 
 
-# (wide, one_group, x_bf16, swiglu, norm, accumulate) -> kernel; each compiles on its first
-# launch. norm and accumulate come with one_group only (_linear_mma), and not together.
+# (wide, one_group, x_bf16, swiglu, norm, accumulate, fp8) -> kernel; each compiles on its
+# first launch. norm and accumulate come with one_group only (_linear_mma), and not together.
 _KERNELS = {
-    (wide, one_group, x_bf16, swiglu, norm, accumulate): _block_kernel(
-        WIDE_WARPS if wide else WARPS, one_group, x_bf16, swiglu, norm, accumulate
+    (wide, one_group, x_bf16, swiglu, norm, accumulate, fp8): _block_kernel(
+        WIDE_WARPS if wide else WARPS, one_group, x_bf16, swiglu, norm, accumulate, fp8
     )
     for wide in (False, True)
     for one_group in (False, True)
     for x_bf16 in (False, True)
     for swiglu in (False, True)
     for norm, accumulate in ((False, False), (True, False), (False, True))
+    for fp8 in (False, True)
     if one_group or not (norm or accumulate)
     if not (swiglu and accumulate)
 }
@@ -515,7 +583,9 @@ def check_split_step(op: str, xp, w: PackedBF16, out, bias, *, swiglu=False):
     if n != w.n:
         raise ValueError(f"{op}: out {out.shape} does not fit W [{w.n}, {w.k}]")
     check(op, "xp", xp, np.uint32, 2, (-(-m // 8), (4 if w.x_bf16 else 8) * w.k))
-    check(op, "packed W", w.data, np.uint32, 2, packed_shape(n, w.k))
+    check(op, "packed W", w.data, np.uint32, 2, packed_shape(n, w.k, w.fp8))
+    if w.fp8:
+        check(op, "FP8 row scales", w.scale, np.float32, 1, (n,))
     if not aligned(w.data, 16) or not aligned(xp, 16):
         raise ValueError(f"{op}: packed W and xp must start on a 16-byte boundary")
     if bias is None:
@@ -560,7 +630,9 @@ def linear_mma(
     if not aligned(x, 8):
         raise ValueError("linear_mma: x must start on an 8-byte boundary (64-bit loads)")
     packed = w.data
-    check("linear_mma", "packed W", packed, np.uint32, 2, packed_shape(n, k))
+    check("linear_mma", "packed W", packed, np.uint32, 2, packed_shape(n, k, w.fp8))
+    if w.fp8:
+        check("linear_mma", "FP8 row scales", w.scale, np.float32, 1, (n,))
     if not aligned(packed, 16):
         raise ValueError("linear_mma: packed W must start on a 16-byte boundary")
     if bias is not None:
@@ -590,7 +662,6 @@ def linear_mma(
         xp = placeholder(np.uint32, 2)
     grid = (-(-m // TOKENS), n // 16)
     # m <= 8: one token group
-    kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16, swiglu, norm, accumulate]
-    kernel[grid, w.slices * 32, stream](
-        x, xp, prepacked, packed, bias, has_bias, out, nw, np.float32(eps)
-    )
+    kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16, swiglu, norm, accumulate, w.fp8]
+    args = (x, xp, prepacked, packed, bias, has_bias, out, nw, np.float32(eps))
+    kernel[grid, w.slices * 32, stream](*args, *((w.scale,) if w.fp8 else ()))

@@ -24,6 +24,11 @@ tile count, so the zero tiles' +0 additions happen too), each tile as c = mma(A,
 c = mma(A, lo, c) (only the first for W packed with x_bf16). After each pass the block adds
 the pass's partials to the running sums in slice order: _linear_mma's additions, one after
 another in slice order. Then the bias, and with swiglu _linear_mma's SwiGLU epilogue.
+
+FP8 W (_fp8.pack_fp8): a ring stage holds its 64-word tiles (16 chunks of 16 bytes each, two
+tiles a pass of the warp's copies); each A fragment is converted to bf16 as it leaves shared
+memory (_ptx.e4m3x4_to_bf16x4), and each sum is multiplied by its row's scale before the bias,
+as _linear_mma does: the same bits.
 """
 
 import numpy as np
@@ -32,6 +37,7 @@ from numba import cuda, float32, uint32
 from vtllm.kernels.cuda._device import SIMULATOR, imin, sync_warp
 from vtllm.kernels.cuda._host import allow_dynamic_shared
 from vtllm.kernels.cuda._linear_mma import (
+    FP8_TILE_WORDS,
     TILE_WORDS,
     TOKENS,
     UNROLL,
@@ -44,8 +50,10 @@ from vtllm.kernels.cuda._linear_mma import (
 from vtllm.kernels.cuda._ptx import (
     copy_async_commit,
     copy_async_waiter,
+    e4m3x4_to_bf16x4,
     grid_dependency_sync,
     mma_bf16,
+    mul_rn,
 )
 from vtllm.kernels.cuda._ptx_shared import copy_async16_to, shared_u32x2, shared_u32x4
 from vtllm.kernels.cuda.activation import silu_mul
@@ -67,14 +75,15 @@ SUMS = 16 * 32 // THREADS  # a row tile's running sums a thread holds
 _WAIT_OLDEST = copy_async_waiter(STAGES - 1)  # the oldest of STAGES copy groups has landed
 
 
-def _stage_words(x_bf16: bool, rows: int) -> int:
+def _stage_words(x_bf16: bool, rows: int, fp8: bool = False) -> int:
     """A ring stage: `rows` tiles of W, then GROUPS x tiles (_copy_tile's layout)."""
-    return rows * TILE_WORDS + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
+    w_words = FP8_TILE_WORDS if fp8 else TILE_WORDS
+    return rows * w_words + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
 
 
-def shared_bytes(x_bf16: bool, rows: int = ROWS) -> int:
+def shared_bytes(x_bf16: bool, rows: int = ROWS, fp8: bool = False) -> int:
     """Dynamic shared memory a block: the warps' rings; the partials reuse them after."""
-    return 4 * max(WARPS * STAGES * _stage_words(x_bf16, rows), WARPS * 16 * 32)
+    return 4 * max(WARPS * STAGES * _stage_words(x_bf16, rows, fp8), WARPS * 16 * 32)
 
 
 def row_tiles_for(m: int, n: int) -> int:
@@ -83,25 +92,38 @@ def row_tiles_for(m: int, n: int) -> int:
     return WIDE_ROWS if wide else ROWS
 
 
-def _kernels_for(rows: int) -> dict:
-    """The kernels for blocks of `rows` row tiles of W (a constant of their code), by (x_bf16,
-    swiglu)."""
+def _kernels_for(rows: int, fp8: bool) -> dict:
+    """The kernels for blocks of `rows` row tiles of W, bf16 or FP8 (constants of their code),
+    by (x_bf16, swiglu)."""
     # register arrays (numba needs their sizes as plain constants): a K tile's W fragments,
     # and the accumulators of rows x GROUPS mma outputs; the block's running sums
     a_frags, acc_size, all_sums = 4 * rows, 4 * rows * GROUPS, rows * SUMS
+    w_words = FP8_TILE_WORDS if fp8 else TILE_WORDS  # a tile of W, packed
 
     @cuda.jit(device=True)
     def _copy_tile(ring, at, packed, xp, nt0, last_tile, g0, groups, kt, last_x, lane, x_bf16):
         """K tile kt's `rows` tiles of W from row tile nt0 and x groups g0 .. g0 + groups - 1
         (x's tile min(kt, last_x): x has no padding, W's padded tiles are zeros) into the ring
         stage at ring[at ..], each lane copying 16-byte chunks."""
-        col = kt * TILE_WORDS + 4 * lane
-        for i in range(rows):
-            copy_async16_to(
-                ring, at + i * TILE_WORDS + 4 * lane, packed, imin(nt0 + i, last_tile), col
-            )
+        if fp8:  # 16 chunks a 64-word tile: two tiles a pass of the warp (rows is even)
+            col = kt * FP8_TILE_WORDS + 4 * (lane % 16)
+            for u in range(rows // 2):
+                i = 2 * u + lane // 16
+                copy_async16_to(
+                    ring,
+                    at + i * FP8_TILE_WORDS + 4 * (lane % 16),
+                    packed,
+                    imin(nt0 + i, last_tile),
+                    col,
+                )
+        else:
+            col = kt * TILE_WORDS + 4 * lane
+            for i in range(rows):
+                copy_async16_to(
+                    ring, at + i * TILE_WORDS + 4 * lane, packed, imin(nt0 + i, last_tile), col
+                )
         xk = imin(kt, last_x)
-        at += rows * TILE_WORDS
+        at += rows * w_words
         if x_bf16:  # 16 chunks a 64-word tile: two groups' chunks a pass of the warp
             for u in range(GROUPS // 2):
                 j, piece = 2 * u + lane // 16, lane % 16
@@ -125,10 +147,15 @@ def _kernels_for(rows: int) -> dict:
         """acc += this K tile's products from the ring stage at ring[at ..]."""
         a = cuda.local.array(a_frags, uint32)
         for i in range(rows):
-            a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3] = shared_u32x4(
-                ring, at + i * TILE_WORDS + 4 * lane
-            )
-        at += rows * TILE_WORDS
+            if fp8:  # this lane's 8 codes, to bf16 in registers
+                w0, w1 = shared_u32x2(ring, at + i * FP8_TILE_WORDS + 2 * lane)
+                a[4 * i], a[4 * i + 1] = e4m3x4_to_bf16x4(w0)
+                a[4 * i + 2], a[4 * i + 3] = e4m3x4_to_bf16x4(w1)
+            else:
+                a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3] = shared_u32x4(
+                    ring, at + i * TILE_WORDS + 4 * lane
+                )
+        at += rows * w_words
         for j in range(GROUPS):
             if j < groups:  # block-uniform
                 if x_bf16:
@@ -227,6 +254,7 @@ def _kernels_for(rows: int) -> dict:
         stage_words,
         x_bf16,
         swiglu,
+        scale,
     ):
         M, N = out.shape
         if swiglu:
@@ -240,7 +268,7 @@ def _kernels_for(rows: int) -> dict:
         last_tile = N // 16 - 1
         last_x = xp.shape[1] // (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS) - 1
         # every slice has the same number of K tiles: packed K is a multiple of slices x UNROLL
-        trips = packed.shape[1] // TILE_WORDS // slices
+        trips = packed.shape[1] // w_words // slices
         ring_at = warp * STAGES * stage_words
         # A pass: warp w sums slice pass x WARPS + w; the block then adds the pass's partials to
         # the running sums in slice order (one row tile at a time, through the rings' memory):
@@ -289,12 +317,16 @@ def _kernels_for(rows: int) -> dict:
                 row = 16 * (nt0 + i) + src // 4 + 8 * ((q % 4) // 2)
                 if tok < M and row < N:
                     s = sums[i * SUMS + u]
+                    if fp8:
+                        s = mul_rn(s, scale[row])
                     if has_bias:
                         s += bias[row]
                     if not swiglu:
                         out[tok, row] = s
                     elif q % 4 < 2:  # a gate row
                         up = partial[e + 64]
+                        if fp8:
+                            up = mul_rn(up, scale[row + 8])
                         if has_bias:
                             up += bias[row + 8]
                         out[tok, 8 * (nt0 + i) + src // 4] = silu_mul(s, up)
@@ -303,31 +335,61 @@ def _kernels_for(rows: int) -> dict:
 
     def _rows_kernel(x_bf16, swiglu):
         """The kernel for W packed with or without x_bf16 (a constant: the lo mma folds away),
-        with or without the SwiGLU epilogue."""
-        stage_words = _stage_words(x_bf16, rows)
+        with or without the SwiGLU epilogue. FP8 kernels take the rows' scales as one argument
+        more (bf16 ones pass bias in its place, never read: _linear_mma says why)."""
+        stage_words = _stage_words(x_bf16, rows, fp8)
 
-        @cuda.jit(cache=True, **_REGISTERS)
-        def kernel(xp, packed, bias, has_bias, out, slices):
-            grid_dependency_sync()
-            ring = cuda.shared.array(0, uint32)  # dynamic: the warps' rings, then the partials
-            partial = cuda.shared.array(0, float32)
-            acc = cuda.local.array(acc_size, float32)  # registers: constant indices once unrolled
-            sums = cuda.local.array(all_sums, float32)
-            _rows_block(
-                xp,
-                packed,
-                bias,
-                has_bias,
-                out,
-                slices,
-                ring,
-                partial,
-                acc,
-                sums,
-                stage_words,
-                x_bf16,
-                swiglu,
-            )
+        if fp8:
+
+            @cuda.jit(cache=True, **_REGISTERS)
+            def kernel(xp, packed, bias, has_bias, out, slices, scale):
+                grid_dependency_sync()
+                ring = cuda.shared.array(0, uint32)  # dynamic: the rings, then the partials
+                partial = cuda.shared.array(0, float32)
+                acc = cuda.local.array(acc_size, float32)  # registers: constant indices
+                sums = cuda.local.array(all_sums, float32)
+                _rows_block(
+                    xp,
+                    packed,
+                    bias,
+                    has_bias,
+                    out,
+                    slices,
+                    ring,
+                    partial,
+                    acc,
+                    sums,
+                    stage_words,
+                    x_bf16,
+                    swiglu,
+                    scale,
+                )
+
+        else:
+
+            @cuda.jit(cache=True, **_REGISTERS)
+            def kernel(xp, packed, bias, has_bias, out, slices):
+                grid_dependency_sync()
+                ring = cuda.shared.array(0, uint32)  # dynamic: the rings, then the partials
+                partial = cuda.shared.array(0, float32)
+                acc = cuda.local.array(acc_size, float32)  # registers: constant indices
+                sums = cuda.local.array(all_sums, float32)
+                _rows_block(
+                    xp,
+                    packed,
+                    bias,
+                    has_bias,
+                    out,
+                    slices,
+                    ring,
+                    partial,
+                    acc,
+                    sums,
+                    stage_words,
+                    x_bf16,
+                    swiglu,
+                    bias,
+                )
 
         return kernel
 
@@ -338,8 +400,8 @@ def _kernels_for(rows: int) -> dict:
     }
 
 
-# rows -> (x_bf16, swiglu) -> kernel; each compiles on its first launch
-_KERNELS = {rows: _kernels_for(rows) for rows in (ROWS, WIDE_ROWS)}
+# (rows, fp8) -> (x_bf16, swiglu) -> kernel; each compiles on its first launch
+_KERNELS = {(rows, fp8): _kernels_for(rows, fp8) for rows in (ROWS, WIDE_ROWS) for fp8 in (0, 1)}
 
 
 def rows_pay(m: int, n: int) -> bool:
@@ -359,9 +421,9 @@ def linear_rows(xp, w: PackedBF16, out, *, bias=None, swiglu=False, rows=0, stre
         return
     rows = rows or row_tiles_for(m, n)
     grid = (-(-m // TOKENS), -(-(n // 16) // rows))
-    kernel = _KERNELS[rows][w.x_bf16, swiglu]
-    args = (xp, w.data, bias, has_bias, out, w.slices)
-    nbytes = shared_bytes(w.x_bf16, rows)
+    kernel = _KERNELS[rows, w.fp8][w.x_bf16, swiglu]
+    args = (xp, w.data, bias, has_bias, out, w.slices, *((w.scale,) if w.fp8 else ()))
+    nbytes = shared_bytes(w.x_bf16, rows, w.fp8)
     allow_dynamic_shared(kernel, args, nbytes)
     kernel[grid, THREADS, stream, nbytes](*args)
 

@@ -29,6 +29,17 @@
       copy_async_waiter(n) makes a function that waits until at most n of this thread's groups
       are still in flight (`cp.async.wait_group n`). Other threads see the data only after a
       barrier that follows the wait.
+  e4m3x4_to_bf16x4(w): the four e4m3fn codes of uint32 w (code i in byte i) as two uint32
+      of bf16 pairs (codes 0, 1 and codes 2, 3, the first of each in the low half): exact, for
+      every code but the NaN ones (e4m3's 3-bit mantissa and 4-bit exponent fit bf16, subnormals
+      included). Code S.EEEE.MMM goes to float32 bits S.0000EEEE.MMM0.., which is the code's
+      value times 2^-120 (a float32 subnormal where E = 0, as e4m3's own subnormals scale), then
+      one `mul.rn.f32` by 2^120 (subnormal inputs are exact without .ftz) and the upper halves
+      of two results make a bf16 pair. The FP8 weights of _linear_mma, _linear_rows and
+      _gemm_mma go through it to become mma A fragments.
+  mul_rn(a, b): float32 a * b rounded once and never fused with a later add into an fma
+      (`mul.rn.f32`: an explicit rounding mode keeps the optimizer's hands off), so that an FP8
+      row's scale times its sum gives the same bits in every kernel whatever follows it.
 
   grid_dependency_sync(): the first statement of every kernel. A kernel replayed in a CUDA
       graph whose kernel-to-kernel edges are programmatic (executor/cuda_graphs) is launched
@@ -101,6 +112,24 @@ if SIMULATOR:
 
     def _bf16(bits) -> float:
         return float(np.uint32((int(bits) & 0xFFFF) << 16).view(np.float32))
+
+    def _e4m3_bf16_table() -> np.ndarray:
+        """bf16 bits of each e4m3 code by e4m3x4_to_bf16x4's own steps, in numpy."""
+        code = np.arange(256, dtype=np.uint32)
+        bits = ((code & 0x80) << 24) | ((code & 0x7F) << 20)
+        value = bits.view(np.float32) * np.float32(2.0**120)
+        return (value.view(np.uint32) >> 16).astype(np.int64)
+
+    _E4M3_BF16 = [int(b) for b in _e4m3_bf16_table()]
+
+    def e4m3x4_to_bf16x4(w):
+        w, t = int(w), _E4M3_BF16
+        lo = t[w & 0xFF] | (t[(w >> 8) & 0xFF] << 16)
+        hi = t[(w >> 16) & 0xFF] | (t[(w >> 24) & 0xFF] << 16)
+        return np.uint32(lo), np.uint32(hi)
+
+    def mul_rn(a, b):
+        return np.float32(np.float32(a) * np.float32(b))
 
     def mma_bf16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         tid, _ = _exchange((a0, a1, a2, a3, b0, b1))
@@ -303,5 +332,48 @@ else:
             val = context.cast(builder, args[0], sig.args[0], types.float32)
             asm = ir.InlineAsm(ir.FunctionType(_F32, [_F32]), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
             return builder.call(asm, [val])
+
+        return sig, codegen
+
+    def _e4m3_steps() -> str:
+        """PTX of e4m3x4_to_bf16x4 ($0, $1 out, $2 in): code i of $2 to float32 bits
+        S.0000EEEE.MMM0.. (sign to bit 31, the other seven bits to 26 .. 20), times 2^120, then
+        the upper halves of two floats in one register (prmt)."""
+        lines = ["{ .reg .b32 s, m; .reg .f32 f0, f1, f2, f3;"]
+        for i in range(4):
+            sign = f"shl.b32 s, $2, {24 - 8 * i};" if i < 3 else "mov.b32 s, $2;"
+            mag = f"shl.b32 m, $2, {20 - 8 * i};" if i < 3 else "shr.b32 m, $2, 4;"
+            lines += [
+                sign,
+                mag,
+                "and.b32 s, s, 0x80000000;",
+                "and.b32 m, m, 0x07F00000;",
+                "or.b32 s, s, m;",
+                f"mov.b32 f{i}, s;",
+                f"mul.rn.f32 f{i}, f{i}, 0f7B800000;",
+            ]
+        lines += ["prmt.b32 $0, f0, f1, 0x7632;", "prmt.b32 $1, f2, f3, 0x7632; }"]
+        return " ".join(lines)
+
+    _E4M3_PTX = _e4m3_steps()
+
+    @intrinsic
+    def e4m3x4_to_bf16x4(typingctx, w):
+        sig = types.UniTuple(types.uint32, 2)(w)
+
+        def codegen(context, builder, sig, args):
+            vals = _cast_all(context, builder, args, sig.args, types.uint32)
+            return _asm_tuple(context, builder, sig, _E4M3_PTX, "=r,=r,r", _I32, [_I32], vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def mul_rn(typingctx, a, b):
+        sig = types.float32(a, b)
+
+        def codegen(context, builder, sig, args):
+            vals = _cast_all(context, builder, args, sig.args, types.float32)
+            fnty = ir.FunctionType(_F32, [_F32] * 2)
+            return builder.call(ir.InlineAsm(fnty, "mul.rn.f32 $0, $1, $2;", "=f,f,f"), vals)
 
         return sig, codegen

@@ -19,6 +19,11 @@ Mixed rows: GGUF K-quant files store q, k and v (sometimes gate and up) in diffe
 (Q4_K_M: attn_v in Q6_K beside Q4_K), which cannot be stacked into one matrix; MixedRows keeps
 the parts and each one's GEMV writes its own columns of the step's one output buffer.
 
+FP8 (FP8_ROWS: e4m3 codes and a scale per row) goes to the same tensor-core kernels, packed at
+one byte a weight (_fp8.pack_fp8), with every route and fused epilogue of bf16 and the same
+rule of bits; only _gemm_wgmma refuses it (an FP8 upload never asks for it). An FP8 matrix
+whose sides do not pack goes up dequantized to float32 instead.
+
 WGMMA: Hopper's warpgroup GEMM (_gemm_wgmma) is available; it runs only for weights uploaded
 with wgmma (opt-in, VT_CUDA_PREFILL_GEMM=wgmma), never by default. linear: the GEMV kernels of
 every QType on their own (what unpacked weights take).
@@ -29,7 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from vtllm.kernels import QType
+from vtllm.kernels import FP8_ROWS, QType
+from vtllm.kernels.cuda._fp8 import upload_fp8
 from vtllm.kernels.cuda._gemm_mma import gemm_mma, gemm_pays
 from vtllm.kernels.cuda._gemm_wgmma import gemm_wgmma, round_x
 from vtllm.kernels.cuda._linear import linear
@@ -62,7 +68,7 @@ __all__ = [
 class DeviceWeight:
     data: object  # device array, layout per QType, or a PackedBF16 for the tensor cores
     qtype: int
-    packed: bool = False  # bf16 in mma fragment order (kernels/cuda/linear_mma)
+    packed: bool = False  # bf16 or FP8 in mma fragment order (kernels/cuda/linear_mma)
     wgmma: bool = False  # packed with x_bf16, on Hopper: long steps take _gemm_wgmma
 
     def matmul(self, x, out, *, bias=None, x_scratch=None, act=None, stream=0) -> None:
@@ -143,8 +149,9 @@ def upload_mixed(parts: list[tuple[np.ndarray, int]], *, stream) -> MixedRows:
     column offset."""
     for _, qtype in parts:
         if qtype not in COLUMN_TYPES:
+            name = "FP8" if qtype == FP8_ROWS else QType(qtype).name
             raise ValueError(
-                f"{QType(qtype).name} cannot be stacked with other types here; "
+                f"{name} cannot be stacked with other types here; "
                 "mixed q/k/v or gate/up need K-quant or Q5_0 / Q5_1 parts"
             )
     return MixedRows(
@@ -153,7 +160,7 @@ def upload_mixed(parts: list[tuple[np.ndarray, int]], *, stream) -> MixedRows:
 
 
 def for_tensor_cores(qtype: int, shape: tuple[int, int]) -> bool:
-    return qtype == QType.BF16 and packable(*shape)
+    return qtype in (QType.BF16, FP8_ROWS) and packable(*shape)
 
 
 def upload_matrix(
@@ -170,7 +177,13 @@ def upload_matrix(
     tensor cores (the raw upload is freed), a fused gate/up one with its rows interleaved in
     runs of 8 first (the module docstring); every other type as stored. x_bf16: packed
     matrices multiply x rounded to bf16 (_linear_mma.PackedBF16); wgmma (with x_bf16): their
-    long steps take _gemm_wgmma."""
+    long steps take _gemm_wgmma (bf16 only: FP8 ones keep _gemm_mma). FP8_ROWS: packed as FP8
+    (_fp8), or dequantized to F32 where the shape does not pack."""
+    if qtype == FP8_ROWS:
+        if gate_up and packable(*shape):
+            data = tile_interleave(data, 8)  # a row's scale travels with it
+        weight, packed = upload_fp8(data, shape, x_bf16=x_bf16, stream=stream)
+        return DeviceWeight(weight, qtype if packed else QType.F32, packed=packed)
     if not for_tensor_cores(qtype, shape):
         return DeviceWeight(cuda.to_device(np.ascontiguousarray(data), stream=stream), qtype)
     if gate_up:

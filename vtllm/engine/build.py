@@ -56,7 +56,10 @@ def build_parts(
 
         check_gpu_ranks(config.tensor_parallel_size)
     started = time.perf_counter()
-    loaded = loaded or load_model(config.model)
+    # FP8 stays FP8 on one GPU (kernels/cuda/_fp8); tensor-parallel ranks load their own copy
+    one_gpu = config.device == "cuda" and config.tensor_parallel_size == 1
+    fp8_rows = one_gpu and config.distributed_executor_backend != "ray"
+    loaded = loaded or load_model(config.model, fp8_rows=fp8_rows)
     phases["load"] = time.perf_counter() - started
     log.info(
         "model %s: %.1f MiB of weights loaded in %.1fs",

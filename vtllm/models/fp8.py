@@ -1,4 +1,5 @@
-"""FP8 (e4m3fn) weights of HF checkpoints, dequantized to float32 when the model loads.
+"""FP8 (e4m3fn) weights of HF checkpoints, dequantized to float32 when the model loads (or,
+for the CUDA device, kept as codes with a scale per row).
 
 Two ways of storing them are read, as config.json's quantization_config names them:
 - quant_method "fp8" (transformers' fine-grained FP8, DeepSeek-V3 and Qwen3 "-FP8" repos):
@@ -14,6 +15,12 @@ again, away from what the checkpoint's float32 dequantization gives; the price i
 weight in memory. Activation scales (`input_scale`: static activation quantization) do not
 enter a weight-only dequantization and are left unread. Tensors that are not F8_E4M3 (the
 norms, the embedding, layers the quantizer ignored) load as they are.
+
+For the CUDA device (keep), the matrices with per-tensor or per-output-channel scales stay FP8:
+FP8_ROWS (vtllm.kernels), each row's codes followed by its float32 scale (a per-tensor scale
+repeated on every row), which the GPU packs at one byte a weight (kernels/cuda/_fp8). Block
+scales (weight_block_size, strategy "block") vary along a row, which a row scale applied after
+the sum cannot express: those matrices are dequantized as for the CPU, with one log line.
 """
 
 import json
@@ -141,9 +148,25 @@ def dequantize(codes: np.ndarray, scale: np.ndarray, layout) -> np.ndarray:
     return w
 
 
-def dequantize_checkpoint(tensors: dict[str, np.ndarray], directory: Path) -> dict:
+ROW_LAYOUTS = ("tensor", "channel")  # the scale layouts FP8_ROWS can hold
+
+
+def fp8_rows(codes: np.ndarray, scale: np.ndarray, layout: str) -> np.ndarray:
+    """FP8_ROWS uint8 [out, in + 4]: each row's codes, then its float32 scale's bytes."""
+    rows, cols = codes.shape
+    scale = _as_float32(np.asarray(scale)).reshape(-1)
+    per_row = np.broadcast_to(scale, (rows,)) if layout == "tensor" else scale.reshape(rows)
+    out = np.empty((rows, cols + 4), np.uint8)
+    out[:, :cols] = codes
+    out[:, cols:] = np.ascontiguousarray(per_row, "<f4").view(np.uint8).reshape(rows, 4)
+    return out
+
+
+def dequantize_checkpoint(tensors: dict[str, np.ndarray], directory: Path, keep=None) -> dict:
     """The directory's tensors with every F8_E4M3 weight replaced by its float32 values (and
-    the scales dropped); as they are when config.json asks for no quantization."""
+    the scales dropped); as they are when config.json asks for no quantization. keep(name):
+    whether that matrix may stay FP8 (FP8_ROWS, for the CUDA device) where its scales are per
+    tensor or per row (the module docstring); None: dequantize them all."""
     path = directory / "config.json"
     scheme = read_scheme(json.loads(path.read_text()), path)
     quantized = [name for name, t in tensors.items() if t.dtype == CODE_DTYPE]
@@ -154,6 +177,7 @@ def dequantize_checkpoint(tensors: dict[str, np.ndarray], directory: Path) -> di
             )
         return tensors
     out = dict(tensors)
+    kept = blocks = 0
     for name in quantized:
         codes = tensors[name]
         scale_name = name + scheme.scale_suffix
@@ -171,7 +195,12 @@ def dequantize_checkpoint(tensors: dict[str, np.ndarray], directory: Path) -> di
                 f"{list(codes.shape)} under {scheme.method} needs "
                 + " or ".join(str(list(_scale_shape(k, *codes.shape))) for k in scheme.layouts)
             )
-        out[name] = dequantize(codes, scale, layout)
+        if keep is not None and keep(name) and layout in ROW_LAYOUTS:
+            out[name] = fp8_rows(codes, scale, layout)
+            kept += 1
+        else:
+            out[name] = dequantize(codes, scale, layout)
+            blocks += keep is not None and layout not in ROW_LAYOUTS
         del out[scale_name]
     if any(name.endswith(".input_scale") for name in tensors):
         log.info(
@@ -179,7 +208,16 @@ def dequantize_checkpoint(tensors: dict[str, np.ndarray], directory: Path) -> di
             "dequantized to float32 and activations stay float32",
             directory,
         )
-    log.info("%s: %d FP8 weight matrices dequantized to float32", directory, len(quantized))
+    if blocks:
+        log.info(
+            "%s: %d block-scaled FP8 matrices dequantized to float32 on cuda too: the GPU keeps "
+            "FP8 for per-tensor and per-channel scales only",
+            directory,
+            blocks,
+        )
+    if kept:
+        log.info("%s: %d FP8 weight matrices kept as e4m3 with row scales", directory, kept)
+    log.info("%s: %d FP8 weight matrices dequantized to float32", directory, len(quantized) - kept)
     return out
 
 

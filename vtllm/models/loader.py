@@ -21,7 +21,9 @@ class LoadedModel:
     tokenizer: Tokenizer
 
 
-def load_model(model: str | Path | None = None) -> LoadedModel:
+def load_model(model: str | Path | None = None, *, fp8_rows: bool = False) -> LoadedModel:
+    """fp8_rows: FP8 safetensors matrices with row scales stay FP8 (for the CUDA device;
+    safetensors_loader.load_weights)."""
     if model is None:
         path, name = default_model_path(), DEFAULT_NAME
     else:
@@ -34,7 +36,7 @@ def load_model(model: str | Path | None = None) -> LoadedModel:
                 "beside a chat model (LLM(embedding_model=...) offline)"
             )
         config = safetensors_loader.read_config(path)
-        weights = safetensors_loader.load_weights(path, config)
+        weights = safetensors_loader.load_weights(path, config, fp8_rows=fp8_rows)
         tok = tokenizer.from_tokenizer_json(path)
     elif path.is_file():
         with path.open("rb") as f:

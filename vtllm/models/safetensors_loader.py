@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from vtllm.errors import ModelLoadError, UnsupportedModel
-from vtllm.kernels import QType
+from vtllm.kernels import FP8_ROWS, QType
 from vtllm.models import fp8, gemma_checkpoint, moe_checkpoint, phi3_checkpoint
 from vtllm.models.config import ModelConfig
 from vtllm.models.registry import family_for_hf, lookup
@@ -136,8 +136,19 @@ def map_tensors(directory: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
-def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
-    tensors = fp8.dequantize_checkpoint(map_tensors(directory), directory)
+def _fp8_stays(name: str) -> bool:
+    """The FP8 matrices that the CUDA device may keep as FP8: the layers' projections and an
+    untied head (the matmuls), not the embedding (row lookups)."""
+    return name.endswith("_proj.weight") or name == "lm_head.weight"
+
+
+def load_weights(directory: Path, config: ModelConfig, *, fp8_rows: bool = False) -> ModelWeights:
+    """fp8_rows (the CUDA device): FP8 matrices with per-tensor or per-channel scales stay FP8
+    (models/fp8, FP8_ROWS); the MoE families' experts take dequantized weights only, so they
+    keep float32 there."""
+    forward = lookup(config.architecture).forward
+    keep = _fp8_stays if fp8_rows and forward != "moe" else None
+    tensors = fp8.dequantize_checkpoint(map_tensors(directory), directory, keep)
 
     def get(name: str) -> np.ndarray:
         try:
@@ -147,6 +158,8 @@ def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
 
     def matrix(name: str) -> Weight:
         data = get(name)
+        if data.dtype == np.uint8:  # FP8 rows: codes, then the 4 bytes of the row's scale
+            return Weight(data, FP8_ROWS, (int(data.shape[0]), int(data.shape[1]) - 4))
         qtype = {np.float32: QType.F32, np.float16: QType.F16, np.uint16: QType.BF16}[
             data.dtype.type
         ]
@@ -160,7 +173,6 @@ def load_weights(directory: Path, config: ModelConfig) -> ModelWeights:
 
     if config.architecture == "phi3":
         return phi3_checkpoint.load_weights(tensors, config, directory, matrix, vector)
-    forward = lookup(config.architecture).forward
     if forward == "gemma":
         return gemma_checkpoint.load_weights(tensors, config, directory, matrix, vector)
     if forward == "moe":

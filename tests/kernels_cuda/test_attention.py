@@ -134,6 +134,18 @@ def test_ring_kernel_gives_the_split_kernels_bits(rng, case, kv, monkeypatch):
     """attention_ring's decode kernel (warps streaming their own splits) against the split
     kernel on the same step: the same out bits, also when each warp loops over several splits
     and with a bad block-table entry (its rows unwritten by both)."""
+    ring_matches_split(rng, case, kv, monkeypatch)
+
+
+@pytest.mark.parametrize("d", [20, 72])
+def test_ring_kernel_bf16_piece_shapes(rng, d, monkeypatch):
+    """The bf16 ring items CASES miss: 72 dims (16-byte pieces, a second and narrower K item
+    of 64 dims) and 20 (rows not whole 16-byte pieces: 8-byte ones), the first row's three
+    splits looped over by one warp at TARGET_BLOCKS 1."""
+    ring_matches_split(rng, (1, 1, d, 8, [(1, 70), (1, 72)]), "bfloat16", monkeypatch)
+
+
+def ring_matches_split(rng, case, kv, monkeypatch):
     hq, hk, d, bs, seqs = case
     k_cache, v_cache, tables, seq_lens, qsl, slots = build(rng, hk, d, bs, seqs)
     if kv == "bfloat16":

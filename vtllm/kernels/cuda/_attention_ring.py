@@ -9,19 +9,27 @@ for rope_attention (one-row steps), the split kernel stays: same entry points
 Why a second kernel: the split kernel works a split across its whole block in three phases
 with four block barriers, reads each K row from shared memory once per query head and passes
 every K and V value through registers and shared memory. Here each warp streams its own splits
-with warp barriers only. The kernel is latency-bound, so two things matter: small ring items
-(whole-split stages take so much shared memory that too few warps fit an SM to hide the
-loads) and the dot steps written out (numba keeps a loop of them a loop, with 64-bit counters
-and address math at every step). With a warp a split it leaves most SMs idle at one row, so
-the split kernel keeps small steps (attention.RING_MIN_ROWS; BENCHMARKS.md, Kernels).
+with warp barriers only. The kernel is bound by latency and by its instruction count, not
+by bytes in flight, so what matters is: small ring items (whole-split stages take so much
+shared memory that too few warps fit an SM to hide the loads), few instructions a byte (one
+16-byte copy a piece, few items a split, the dot steps written out: numba keeps a loop of
+them a loop, with 64-bit counters and address math at every step) and few registers (at 128,
+four blocks share an SM). With a warp a split it leaves most SMs idle at one row, so the split
+kernel keeps small steps (attention.RING_MIN_ROWS; BENCHMARKS.md, Kernels).
 
 A block serves one query token and one kv head (the GQA group's G query heads share every K
 and V load). It stages the scaled queries in shared memory once; then each warp works alone
 on splits z warps + w, + nz warps, .. with warp barriers only. A split's K and V reach the
 warp's ring of `stages` stages by cp.async as the cache stores them (float32 or bf16 bits),
-in items: ceil(D / CHUNK) items of CHUNK dims of all 32 keys, then SPLIT / V_KEYS items of
-V_KEYS keys' V rows; the warp refills a stage with the item `stages` on as soon as it has read
-it (the next split's first items during this split's p @ V).
+in pieces of 16 bytes (4 float32 or 8 bf16 values: piece_values; a bf16 head whose rows are
+not whole 16-byte pieces takes 8-byte pieces of 4) and in items of whole pieces:
+ceil(D / CHUNK) K items of CHUNK = K_PIECES pieces' dims of all 32 keys (32 float32 dims, 64
+bf16 ones), then SPLIT / V_KEYS V items of V_KEYS keys' V rows (8 keys of float32, 16 of
+bf16). Both cache types thus move a split in 4.6 KB K items and 4 KB V items at 128 dims:
+a bf16 split is 2 K and 2 V items, 32 copies a lane, where 8-byte pieces took 4 and 4, and
+64; each item costs a wait, two warp barriers and its address math, each copy a shuffle and
+its address. The warp refills a stage with the item `stages` on as soon as it has read it
+(the next split's first items during this split's p @ V).
   - scores: lane j takes key j and sums q_g . k_j for all G heads over each K item's dims
     (k_j read once, each query value read by all lanes at once: a broadcast), then per head
     the split's max and sum of exp by warp_max and warp_sum, p to the warp's shared row;
@@ -37,8 +45,8 @@ after that orders the store before its warps' copies (cp.async reads are ordinar
 the split kernel's ld.global.nc loads are not, so it patches the key in shared memory).
 
 Over 400 lines: one kernel whose factory (~250 lines) holds the ring's protocol, with the
-device helpers of its stages beside it; the geometry, fold and combine it shares with the split
-kernel live in _attention_common.
+device helpers of its stages beside it (made per piece size, _piece_helpers); the geometry,
+fold and combine it shares with the split kernel live in _attention_common.
 """
 
 import functools
@@ -67,7 +75,14 @@ from vtllm.kernels.cuda._device import (
     warp_sum,
 )
 from vtllm.kernels.cuda._host import allow_dynamic_shared
-from vtllm.kernels.cuda._kv_cache import kv_copy4_async, kv_shared4, kv_store, kv_words4
+from vtllm.kernels.cuda._kv_cache import (
+    kv_copy4_async,
+    kv_copy8_async,
+    kv_shared4,
+    kv_shared8,
+    kv_store,
+    kv_words4,
+)
 from vtllm.kernels.cuda._ptx import (
     copy_async_commit,
     copy_async_waiter,
@@ -77,33 +92,61 @@ from vtllm.kernels.cuda._ptx import (
 from vtllm.kernels.cuda._ptx_shared import shared_f32x4, store_f32x4
 from vtllm.kernels.cuda._qkv_rope import _head_values, _rope_head, _weight_values
 
-CHUNK = 32  # dims of a K ring item (SPLIT rows of them)
-V_KEYS = 8  # keys of a V ring item (rows of head_dim values)
-# (warps a block, ring stages a warp, registers a thread) by cache type. At 128 dims a stage
-# is 4.6 KB (float32) or 2.3 KB (bf16); at 168 registers three blocks fit an SM (12 warps).
-# bf16 stays at 168 too: a cap low enough for a fourth block spills values in the hot loop,
-# which costs more than the extra warps gain.
-GEOMETRY = {np.float32: (4, 3, 168), np.uint16: (4, 4, 168)}
+K_PIECES = 8  # pieces of a K ring item's row (SPLIT rows of them)
+# (warps a block, ring stages a warp, registers a thread) by cache type. A stage holds a K item
+# (32 keys x 8 pieces and a padding piece: 4.6 KB in either type) or a V item (4 KB). The
+# kernel needs 126 registers without spills at a cap of 128 (tools/kernel_report.py), so
+# four blocks of 4 warps fit an SM by registers (16 warps), and two stages (40 KB a block)
+# leave room for them where three (59 KB) would not: an SM then keeps 16 items of 4.6 KB in
+# flight while its warps read, about what 12 warps with three 2.3 KB items ahead each did.
+# float32 keeps 3 stages at 168 registers (12 warps).
+GEOMETRY = {np.float32: (4, 3, 168), np.uint16: (4, 2, 128)}
 if SIMULATOR:
-    GEOMETRY = {np.float32: (2, 3, 0), np.uint16: (2, 4, 0)}
+    GEOMETRY = {np.float32: (2, 3, 0), np.uint16: (2, 2, 0)}
 Q_ITEMS = MAX_GROUP * MAX_DIM // 64  # query values a thread loads, at most (2 warps a block)
 SUMS = 4 * MAX_GROUP  # register arrays (numba needs plain constants): four sums a head
 STATES = 2 * MAX_GROUP  # a split's max and sum per head
-# decode grid size to aim for: about four blocks an SM on a 132-SM GPU, of which three fit at
-# once, so the last wave is small; chosen by a sweep of grid sizes (BENCHMARKS.md, Kernels)
+# decode grid size to aim for: about four blocks an SM on a 132-SM GPU (as many as fit at
+# once with a bf16 cache, three with float32); chosen by a sweep of grid sizes (BENCHMARKS.md,
+# Kernels)
 TARGET_BLOCKS = 528
 
 
+def piece_values(head_dim: int, itemsize: int) -> int:
+    """Cache values a ring piece holds: 16 bytes (4 float32, 8 bf16), or 4 bf16 (8 bytes)
+    for a head whose rows are not whole 16-byte pieces."""
+    return 8 if itemsize == 2 and head_dim % 8 == 0 else 4
+
+
+def _geometry(head_dim: int, itemsize: int) -> tuple[int, int, int]:
+    """(values a piece, K item dims CHUNK, V item keys V_KEYS) (module docstring)."""
+    values = piece_values(head_dim, itemsize)
+    return values, K_PIECES * values, 2 * values
+
+
+def _items(head_dim: int, itemsize: int) -> int:
+    """Ring items a split: its K items, then its V items."""
+    _, chunk, v_keys = _geometry(head_dim, itemsize)
+    return -(-head_dim // chunk) + SPLIT // v_keys
+
+
+def _stages(head_dim: int, itemsize: int, stages: int) -> int:
+    """A ring's stages: the geometry's, at most a split's items (the prologue copies one
+    split's first items)."""
+    return min(stages, _items(head_dim, itemsize))
+
+
 def _stage_words(head_dim: int, itemsize: int) -> int:
-    """A ring stage in words: a K item (SPLIT rows of CHUNK dims and a padding piece) or a V
-    item (V_KEYS rows of head_dim values), of cache items of itemsize bytes (a 4-value piece
-    fills itemsize words: kv_words4)."""
-    return max(SPLIT * (CHUNK // 4 + 1) * itemsize, V_KEYS * head_dim // 4 * itemsize)
+    """A ring stage in words: a K item (SPLIT rows of K_PIECES pieces and a padding piece) or
+    a V item (V_KEYS rows of head_dim values), whichever is larger."""
+    values, _, v_keys = _geometry(head_dim, itemsize)
+    piece = values * itemsize // 4
+    return max(SPLIT * (K_PIECES + 1) * piece, v_keys * head_dim * itemsize // 4)
 
 
 def shared_bytes(group: int, head_dim: int, itemsize: int, warps: int, stages: int) -> int:
     """Dynamic shared memory a block: the queries, each warp's probabilities and ring."""
-    ring = stages * _stage_words(head_dim, itemsize)
+    ring = _stages(head_dim, itemsize, stages) * _stage_words(head_dim, itemsize)
     return 4 * (group * head_dim + warps * (group * SPLIT + ring))
 
 
@@ -120,56 +163,6 @@ def _key_row(block_tables, table_at, key, bs, shift, num_blocks, Hk, hk):
 
 
 @cuda.jit(device=True)
-def _copy_item(k_cache, v_cache, ws, at, row, lane, D, sub, live):
-    """Ring item `sub` of a split into the stage at ws[at ..], lane j holding key j's cache
-    row in `row`: sub < K items: dims CHUNK sub .. of all 32 keys (K rows of CHUNK // 4 + 1
-    pieces, the last one padding: a lane reading piece u of its key then meets no other lane
-    on its bank); after them, V item v: the V rows of keys V_KEYS v .. (rows of D // 4
-    pieces). Each pass of the warp copies 32 pieces, whole rows of them. live False: nothing
-    read, zeros written (the lanes still trade rows: the simulator's exchange needs every
-    lane)."""
-    words4 = kv_words4(k_cache)
-    d32 = np.int32(D)
-    k_items = (D + CHUNK - 1) // CHUNK
-    if sub < k_items:  # piece lane + 32 i: key lane // 8 + 4 i, piece lane % 8 of the chunk
-        u = np.int32(lane % 8)
-        col = CHUNK * sub + 4 * u
-        valid = live and col < D  # past D (a last, narrower chunk): zeros, never read
-        col = imin(col, D - 4)
-        r = np.int32(lane // 8)
-        at += r * (CHUNK // 4 + 1) * words4 + u * words4
-        for _ in range(SPLIT // 4):
-            src = lane_value(row, r)
-            kv_copy4_async(k_cache, np.int64(src) * np.int64(d32) + col, ws, at, valid)
-            r = np.int32(r + 4)
-            at += 4 * (CHUNK // 4 + 1) * words4
-    else:  # piece lane + 32 i: key e // (D / 4), piece e % (D / 4) (D is the kernel's constant)
-        units = D // 4
-        key0 = V_KEYS * (sub - k_items)
-        for i in range((V_KEYS * units + 31) // 32):
-            e = lane + 32 * i
-            r, u = e // units, e % units
-            src = lane_value(row, key0 + imin(r, V_KEYS - 1))
-            if r < V_KEYS:  # a last pass of a head not a multiple of 16 dims: some lanes idle
-                kv_copy4_async(
-                    v_cache,
-                    np.int64(src) * np.int64(d32) + 4 * u,
-                    ws,
-                    at + (r * units + u) * words4,
-                    live,
-                )
-
-
-@cuda.jit(device=True)
-def _refill(k_cache, v_cache, ws, at, row, row_next, lane, D, item, items, live, live_next):
-    """Ring item `item` of this split (rows `row`), or item - items of the next one, into the
-    stage at ws[at ..]."""
-    if item >= items:
-        row, item, live = row_next, item - items, live_next
-    _copy_item(k_cache, v_cache, ws, at, row, lane, D, item, live)
-
-
-@cuda.jit(device=True)
 def _dot4(fs, ws, cache, k_at, q_at, D, group, sc):
     """sc[4 g + c] += q_g[d + c] * k[d + c] for a four-value piece of k at ws[k_at ..] and of
     each query head g at fs[q_at + g D ..]."""
@@ -183,26 +176,21 @@ def _dot4(fs, ws, cache, k_at, q_at, D, group, sc):
 
 
 @cuda.jit(device=True)
-def _dot_chunk(fs, ws, cache, k_at, q_at, D, group, n, sc):
-    """The n (<= 8) pieces of a K item's row at ws[k_at ..] against the queries from
-    fs[q_at ..], in order; written out, since numba leaves a loop of them a loop with 64-bit
-    counters and address math at every step."""
-    w4 = kv_words4(cache)
-    _dot4(fs, ws, cache, k_at, q_at, D, group, sc)
-    if n > 1:
-        _dot4(fs, ws, cache, k_at + w4, q_at + 4, D, group, sc)
-    if n > 2:
-        _dot4(fs, ws, cache, k_at + 2 * w4, q_at + 8, D, group, sc)
-    if n > 3:
-        _dot4(fs, ws, cache, k_at + 3 * w4, q_at + 12, D, group, sc)
-    if n > 4:
-        _dot4(fs, ws, cache, k_at + 4 * w4, q_at + 16, D, group, sc)
-    if n > 5:
-        _dot4(fs, ws, cache, k_at + 5 * w4, q_at + 20, D, group, sc)
-    if n > 6:
-        _dot4(fs, ws, cache, k_at + 6 * w4, q_at + 24, D, group, sc)
-    if n > 7:
-        _dot4(fs, ws, cache, k_at + 7 * w4, q_at + 28, D, group, sc)
+def _dot8(fs, ws, cache, k_at, q_at, D, group, sc):
+    """_dot4 over an eight-value (bf16) piece: dims d .. d + 3, then d + 4 .. d + 7 into the
+    same four sums, so each sum still takes its dims in order."""
+    k0, k1, k2, k3, k4, k5, k6, k7 = kv_shared8(cache, ws, k_at)
+    for g in range(group):
+        q0, q1, q2, q3 = shared_f32x4(fs, q_at + g * D)
+        q4, q5, q6, q7 = shared_f32x4(fs, q_at + 4 + g * D)
+        sc[4 * g] += q0 * k0
+        sc[4 * g + 1] += q1 * k1
+        sc[4 * g + 2] += q2 * k2
+        sc[4 * g + 3] += q3 * k3
+        sc[4 * g] += q4 * k4
+        sc[4 * g + 1] += q5 * k5
+        sc[4 * g + 2] += q6 * k6
+        sc[4 * g + 3] += q7 * k7
 
 
 @cuda.jit(device=True)
@@ -221,25 +209,133 @@ def _softmax(sc, ml, fs, p_at, valid, lane, group):
 
 
 @cuda.jit(device=True)
-def _columns(fs, ws, cache, v_at, p_at, v_row, group, acc, ps):
-    """acc[4 g + e] += p_g[j] * V[j, e] over a V item's V_KEYS keys j in order (this lane's
-    four columns of its first row at ws[v_at ..], rows v_row words apart; p_g of its first
-    key at fs[p_at + g SPLIT]), p read four keys at a time into ps."""
-    for _ in range(V_KEYS // 4):
+def _four_keys(fs, ws, cache, v_at, p_at, v_row, group, acc, ps):
+    """acc[4 g + e] += p_g[j] * V[j, e] over four keys j in order (columns' step), p read
+    into ps first."""
+    for g in range(group):
+        ps[4 * g], ps[4 * g + 1], ps[4 * g + 2], ps[4 * g + 3] = shared_f32x4(fs, p_at + g * SPLIT)
+    for u in range(4):
+        v0, v1, v2, v3 = kv_shared4(cache, ws, v_at + u * v_row)
         for g in range(group):
-            ps[4 * g], ps[4 * g + 1], ps[4 * g + 2], ps[4 * g + 3] = shared_f32x4(
-                fs, p_at + g * SPLIT
-            )
-        for u in range(4):
-            v0, v1, v2, v3 = kv_shared4(cache, ws, v_at + u * v_row)
-            for g in range(group):
-                p = ps[4 * g + u]
-                acc[4 * g] += p * v0
-                acc[4 * g + 1] += p * v1
-                acc[4 * g + 2] += p * v2
-                acc[4 * g + 3] += p * v3
-        p_at += 4
-        v_at += 4 * v_row
+            p = ps[4 * g + u]
+            acc[4 * g] += p * v0
+            acc[4 * g + 1] += p * v1
+            acc[4 * g + 2] += p * v2
+            acc[4 * g + 3] += p * v3
+
+
+@cuda.jit(device=True)
+def _next_stage(at, ring, ring_end, stage_words):
+    """The ring stage after the one at ws[at ..]: kept as a running address, since item i's
+    stage worked out as i mod stages costs a 64-bit division an item."""
+    at += stage_words
+    return ring if at == ring_end else at
+
+
+@functools.cache
+def _piece_helpers(values: int):
+    """(copy_item, refill, dot_chunk, columns): the device helpers of a ring whose pieces hold
+    `values` cache values (piece_values), the piece's copy and read chosen here (a kernel's
+    constants; numba types every branch, so the choice cannot be a branch inside them)."""
+    copy = kv_copy8_async if values == 8 else kv_copy4_async
+    dot = _dot8 if values == 8 else _dot4
+    chunk, v_keys = K_PIECES * values, 2 * values
+
+    @cuda.jit(device=True)
+    def copy_item(k_cache, v_cache, ws, at, row, lane, D, sub, live):
+        """Ring item `sub` of a split into the stage at ws[at ..], lane j holding key j's
+        cache row in `row`: sub < K items: dims chunk sub .. of all 32 keys (K rows of
+        K_PIECES + 1 pieces, the last one padding: a lane reading piece u of its key then
+        meets no other lane on its bank); after them, V item v: the V rows of keys v_keys v ..
+        (rows of D / values pieces). Each pass of the warp copies 32 pieces, whole rows of
+        them. live False: nothing read, zeros written (the lanes still trade rows: the
+        simulator's exchange needs every lane)."""
+        words = kv_words4(k_cache) * (values // 4)  # a piece's words
+        d32 = np.int32(D)
+        k_items = (D + chunk - 1) // chunk
+        if sub < k_items:  # piece lane + 32 i: key lane // 8 + 4 i, piece lane % 8 of the row
+            u = np.int32(lane % K_PIECES)
+            col = chunk * sub + values * u
+            valid = live and col < D  # past D (a last, narrower chunk): zeros, never read
+            col = imin(col, D - values)
+            r = np.int32(lane // K_PIECES)
+            at += r * (K_PIECES + 1) * words + u * words
+            for _ in range(SPLIT // 4):
+                src = lane_value(row, r)
+                copy(k_cache, np.int64(src) * np.int64(d32) + col, ws, at, valid)
+                r = np.int32(r + 4)
+                at += 4 * (K_PIECES + 1) * words
+        elif 32 % (D // values) == 0 and v_keys * (D // values) % 32 == 0:  # (D: a constant)
+            # whole rows a pass, a fixed piece a lane: lane l takes piece l % units of key
+            # l // units, + 32 / units keys a pass (the K item's way: no division, no checks)
+            units = D // values
+            r = np.int32(lane // units)
+            col = values * (lane % units)
+            at += lane * words
+            for _ in range(v_keys * units // 32):
+                src = lane_value(row, v_keys * (sub - k_items) + r)
+                copy(v_cache, np.int64(src) * np.int64(d32) + col, ws, at, live)
+                r = np.int32(r + 32 // units)
+                at += 32 * words
+        else:  # piece lane + 32 i: key e // units, piece e % units
+            units = D // values
+            key0 = v_keys * (sub - k_items)
+            for i in range((v_keys * units + 31) // 32):
+                e = lane + 32 * i
+                r, u = e // units, e % units
+                src = lane_value(row, key0 + imin(r, v_keys - 1))
+                if r < v_keys:  # a last pass of a row not a multiple of 32 pieces: lanes idle
+                    copy(
+                        v_cache,
+                        np.int64(src) * np.int64(d32) + values * u,
+                        ws,
+                        at + (r * units + u) * words,
+                        live,
+                    )
+
+    @cuda.jit(device=True)
+    def dot_chunk(fs, ws, cache, k_at, q_at, D, group, n, sc):
+        """The n (<= K_PIECES) pieces of a K item's row at ws[k_at ..] against the queries
+        from fs[q_at ..], in order; written out, since numba leaves a loop of them a loop
+        with 64-bit counters and address math at every step."""
+        w = kv_words4(cache) * (values // 4)
+        dot(fs, ws, cache, k_at, q_at, D, group, sc)
+        if n > 1:
+            dot(fs, ws, cache, k_at + w, q_at + values, D, group, sc)
+        if n > 2:
+            dot(fs, ws, cache, k_at + 2 * w, q_at + 2 * values, D, group, sc)
+        if n > 3:
+            dot(fs, ws, cache, k_at + 3 * w, q_at + 3 * values, D, group, sc)
+        if n > 4:
+            dot(fs, ws, cache, k_at + 4 * w, q_at + 4 * values, D, group, sc)
+        if n > 5:
+            dot(fs, ws, cache, k_at + 5 * w, q_at + 5 * values, D, group, sc)
+        if n > 6:
+            dot(fs, ws, cache, k_at + 6 * w, q_at + 6 * values, D, group, sc)
+        if n > 7:
+            dot(fs, ws, cache, k_at + 7 * w, q_at + 7 * values, D, group, sc)
+
+    @cuda.jit(device=True)
+    def columns(fs, ws, cache, v_at, p_at, v_row, group, acc, ps):
+        """acc[4 g + e] += p_g[j] * V[j, e] over a V item's v_keys keys j in order (this
+        lane's four columns of its first row at ws[v_at ..], rows v_row words apart; p_g of
+        its first key at fs[p_at + g SPLIT]), four keys at a time, written out (a loop of
+        them stays a loop)."""
+        _four_keys(fs, ws, cache, v_at, p_at, v_row, group, acc, ps)
+        _four_keys(fs, ws, cache, v_at + 4 * v_row, p_at + 4, v_row, group, acc, ps)
+        if v_keys > 8:
+            _four_keys(fs, ws, cache, v_at + 8 * v_row, p_at + 8, v_row, group, acc, ps)
+            _four_keys(fs, ws, cache, v_at + 12 * v_row, p_at + 12, v_row, group, acc, ps)
+
+    @cuda.jit(device=True)
+    def refill(k_cache, v_cache, ws, at, row, row_next, lane, D, item, items, live, live_next):
+        """Ring item `item` of this split (rows `row`), or item - items of the next one, into
+        the stage at ws[at ..]."""
+        if item >= items:
+            row, item, live = row_next, item - items, live_next
+        copy_item(k_cache, v_cache, ws, at, row, lane, D, item, live)
+
+    return copy_item, refill, dot_chunk, columns
 
 
 @cuda.jit(device=True)
@@ -261,10 +357,12 @@ def _kernel_for(
     stages (constants of the kernel: its
     loops have fixed trip counts, one copy of the code each); with rope it reads q from qkv
     and does qkv_rope's work for its row first (rope_attention)."""
-    assert stages <= -(-head_dim // CHUNK) + SPLIT // V_KEYS  # the prologue's items: one split's
     threads = 32 * warps
-    k_items = -(-head_dim // CHUNK)
-    items = k_items + SPLIT // V_KEYS  # ring items a split
+    values, chunk, v_keys = _geometry(head_dim, itemsize)
+    copy_item, refill, dot_chunk, columns = _piece_helpers(values)
+    stages = _stages(head_dim, itemsize, stages)
+    k_items = -(-head_dim // chunk)
+    items = k_items + SPLIT // v_keys  # ring items a split
     wait_oldest = copy_async_waiter(stages - 1)  # the oldest of `stages` copy groups landed
     stage_words = _stage_words(head_dim, itemsize)  # shared_bytes' layout
     q_items = -(-group * MAX_DIM // threads)  # query values a thread loads, at most
@@ -399,7 +497,7 @@ def _kernel_for(
             return
         units = D // 4
         words4 = kv_words4(k_cache)
-        k_row = (CHUNK // 4 + 1) * words4  # words of a K item's row
+        k_row = (K_PIECES + 1) * words4 * (values // 4)  # words of a K item's row
         p_at = G * D + w * G * SPLIT
         ring = G * D + warps * G * SPLIT + w * stages * stage_words
         table_at = s * block_tables.shape[1]
@@ -412,9 +510,11 @@ def _kernel_for(
         row, bad = np.int32(0), 0
         if count > 0:
             row, bad = _split_rows(*rows, first, n_keys, bs, shift, num_blocks, Hk, hk, lane)
-        for sub in range(stages):  # the first split's first items in flight
-            _copy_item(k_cache, v_cache, ws, ring + sub * stage_words, row, lane, D, sub, count > 0)
+        for i in range(stages):  # the first split's first items in flight
+            copy_item(k_cache, v_cache, ws, ring + i * stage_words, row, lane, D, i, count > 0)
             copy_async_commit()
+        ring_end = ring + stages * stage_words
+        at = ring  # the stage of the next item to read
         for c in range(trips):
             live = c < count
             sp = first + c * step
@@ -426,16 +526,15 @@ def _kernel_for(
                 )
             for e in range(SUMS):
                 sc[e] = np.float32(0.0)
-            here = c * items  # the ring position of the split's first item
-            for sub in range(k_items):  # q . k over each K item's dims, lane j key j
+            for k_item in range(k_items):  # q . k over each K item's dims, lane j key j
+                sub = np.int32(k_item)  # (a name of its own: numba gives a name one type)
                 wait_oldest()  # this lane's copies of the item have landed
                 sync_warp()  # and every lane's
-                at = ring + (here + sub) % stages * stage_words
-                n = CHUNK // 4 if D % CHUNK == 0 else imin(CHUNK, D - CHUNK * sub) // 4
+                n = K_PIECES if D % chunk == 0 else imin(chunk, D - chunk * sub) // values
                 if live and lane < n_here:
-                    _dot_chunk(fs, ws, k_cache, at + lane * k_row, CHUNK * sub, D, G, n, sc)
+                    dot_chunk(fs, ws, k_cache, at + lane * k_row, chunk * sub, D, G, n, sc)
                 sync_warp()  # the stage read by every lane: the item `stages` on goes there
-                _refill(
+                refill(
                     k_cache,
                     v_cache,
                     ws,
@@ -450,29 +549,29 @@ def _kernel_for(
                     c + 1 < count,
                 )
                 copy_async_commit()  # (an empty group past the end keeps the count)
+                at = _next_stage(at, ring, ring_end, stage_words)
             _softmax(sc, ml, fs, p_at, live and lane < n_here, lane, G)
             split_bad = warp_max(np.float32(bad))  # any lane's key
             for e in range(SUMS):
                 acc[e] = np.float32(0.0)
-            for vi in range(SPLIT // V_KEYS):  # p @ V over each V item's keys, lane l
-                sub = k_items + vi  # columns 4l .. 4l + 3
+            for vi in range(SPLIT // v_keys):  # p @ V over each V item's keys, lane l
+                item = np.int32(k_items + vi)  # columns 4l .. 4l + 3
                 wait_oldest()
                 sync_warp()  # (and p written by every lane)
-                at = ring + (here + sub) % stages * stage_words
                 if live:
-                    _columns(
+                    columns(
                         fs,
                         ws,
                         v_cache,
                         at + col * words4,
-                        p_at + V_KEYS * vi,
+                        p_at + v_keys * vi,
                         units * words4,
                         G,
                         acc,
                         ps,
                     )
                 sync_warp()
-                _refill(
+                refill(
                     k_cache,
                     v_cache,
                     ws,
@@ -481,12 +580,13 @@ def _kernel_for(
                     row_next,
                     lane,
                     D,
-                    sub + stages,
+                    item + stages,
                     items,
                     live,
                     c + 1 < count,
                 )
                 copy_async_commit()
+                at = _next_stage(at, ring, ring_end, stage_words)
             if live:
                 for g in range(G):
                     h = hk * G + g

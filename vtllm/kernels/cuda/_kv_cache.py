@@ -22,6 +22,10 @@ array's dtype when a kernel is compiled (no branch at run time):
       as for _ptx_shared.copy_async16_to.
   kv_words4(c): the words such a copy fills (4 or 2), a constant of the kernel.
   kv_shared4(c, s, i): the four float32 values of a kv_copy4_async copy at s[i ..].
+  kv_copy8_async(c, at, s, i, live) and kv_shared8(c, s, i): the same for eight items of a
+      bf16 cache (uint16 only): one 16-byte `cp.async.cg` to s[i .. i + 3] (at a multiple
+      of 8, i of 4) and one `ld.shared.v4.u32` back, eight float32 in item order; half the
+      copies and shared loads of kv_copy4_async's 8-byte ones for the same bytes.
 
 Under numba's simulator they are plain indexing with the same conversions.
 """
@@ -82,6 +86,18 @@ if SIMULATOR:
         if c.dtype == np.uint16:
             return tuple(_bf16_value(b) for b in words.view(np.uint16))
         return tuple(words.view(np.float32))
+
+    def kv_copy8_async(c, at, s, i, live):
+        assert c.dtype == np.uint16 and at % 8 == 0 and i % 4 == 0
+        items = np.zeros(8, c.dtype)
+        if live:
+            items = np.array([c[np.unravel_index(at + u, c.shape)] for u in range(8)], c.dtype)
+        for u, word in enumerate(items.view(np.uint32)):
+            s[i + u] = word
+
+    def kv_shared8(c, s, i):
+        words = np.array([s[i + u] for u in range(4)], np.uint32)
+        return tuple(_bf16_value(b) for b in words.view(np.uint16))
 
 else:
     from llvmlite import ir
@@ -223,6 +239,46 @@ else:
                 parts = [builder.bitcast(w, _F32) for w in words]
             else:
                 parts = [*_bf16_pair(builder, words[0]), *_bf16_pair(builder, words[1])]
+            return context.make_tuple(builder, sig.return_type, parts)
+
+        return sig, codegen
+
+    @intrinsic
+    def kv_copy8_async(typingctx, c, at, s, i, live):
+        if c.dtype != types.uint16 or not isinstance(at, types.Integer):
+            return None
+        sig = types.void(c, at, s, i, live)
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            src = builder.gep(ary.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            dst = shared_address(context, builder, sig.args[2], args[2], sig.args[3], args[3])
+            live = context.cast(builder, args[4], sig.args[4], types.boolean)
+            src_bytes = builder.select(live, ir.Constant(_I32, 16), ir.Constant(_I32, 0))
+            text = "cp.async.cg.shared.global [$0], [$1], 16, $2;"
+            fnty = ir.FunctionType(ir.VoidType(), [_I32, src.type, _I32])
+            asm = ir.InlineAsm(fnty, text, "r,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [dst, src, src_bytes])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def kv_shared8(typingctx, c, s, i):
+        if c.dtype != types.uint16:
+            return None
+        sig = types.UniTuple(types.float32, 8)(c, s, i)
+
+        def codegen(context, builder, sig, args):
+            addr = shared_address(context, builder, sig.args[1], args[1], sig.args[2], args[2])
+            fnty = ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32])
+            # a side effect: kept after the wait and barrier that publish the copy
+            text = "ld.shared.v4.u32 {$0,$1,$2,$3}, [$4];"
+            asm = ir.InlineAsm(fnty, text, "=r,=r,=r,=r,r", side_effect=True)
+            res = builder.call(asm, [addr])
+            parts = []
+            for k in range(4):
+                parts += _bf16_pair(builder, builder.extract_value(res, k))
             return context.make_tuple(builder, sig.return_type, parts)
 
         return sig, codegen

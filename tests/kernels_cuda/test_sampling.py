@@ -103,6 +103,28 @@ def test_greedy_and_temperature_match_reference_and_cpu(rng):
     assert got[1] == 7 and got[4] == 11 and got[2] == -1 and (got[7:] == 0).all()
 
 
+@pytest.mark.skipif(SIMULATOR, reason="a 262,208-token row is minutes in the simulator")
+def test_a_vocabulary_past_two_to_the_18_matches_cpu(rng):
+    """Gemma 3's vocabulary (262,208 > 2^18): a flat row puts every token in one bin of the
+    descent (the packed count and the low halves' sum at their largest), random rows cut by
+    top_p / min_p / top_k and draw."""
+    vocab = 262208
+    settings = {
+        0: dict(temperature=1.0, top_p=0.5),
+        1: dict(temperature=1.0, top_p=0.9),
+        2: dict(temperature=0.7, min_p=0.01),
+        3: dict(temperature=1.3, top_k=50, top_p=0.8),
+        4: dict(temperature=0.0),
+    }
+    table, token_ids, num_tokens = make_case(rng, settings, vocab=vocab)
+    slots = np.arange(5, dtype=np.int32)
+    positions = np.full(5, 20, np.int32)
+    logits = grid_logits(rng, 5, vocab=vocab)
+    logits[0] = 0.25
+    got = assert_matches_cpu_and_reference(logits, slots, positions, table, token_ids, num_tokens)
+    assert got[4] == int(np.argmax(logits[4]))
+
+
 def test_draws_follow_the_distribution(rng):
     """Many positions of one seeded row: draws land in proportion to softmax(x / T), and on
     the CPU's tokens, with and without a filter (a filter walks by probability, not id)."""
@@ -192,9 +214,9 @@ def test_rejects_bad_arguments(rng):
             poisoned(2, np.int32),
             scratch=SamplerScratch.create(1, V),
         )
-    with pytest.raises(ValueError, match="vocabulary of 262145"):
+    with pytest.raises(ValueError, match="vocabulary of 524289"):
         sample(
-            dev(np.zeros((2, 2**18 + 1), np.float32)),
+            dev(np.zeros((2, 2**19 + 1), np.float32)),
             two,
             two,
             device_table(table),

@@ -6,7 +6,7 @@ A radix descent over the bits of e (float64 in (0, 1], kept in scratch by the ca
 bins the candidates by exponent (1024 octaves), levels 1-5 by 10 mantissa bits each and level 6
 by the last 2, each time inside the bin chosen above. The descent stops early once the chosen
 bin holds one token (usually after a level or two). Bins count tokens and sum their 53-bit
-mantissas exactly in two int64 words (the high 27 bits; the count above the low 26 bits' sum:
+mantissas exactly in two int64 words (the high 29 bits; the count above the low 24 bits' sum:
 two atomics a token), so atomics in any order give the same bits: the cut and the draw are
 deterministic run to run. After level 6 the chosen bin is one exact value; its
 ties are taken by lower id with one ordered pass over the row, as the CPU's walk does.
@@ -22,12 +22,16 @@ from vtllm.kernels.cuda._device import SIMULATOR, imin
 NBINS = 1024  # 10-bit digits: the exponent of e <= 1 fits in 10 bits
 LEVELS = 7  # 10 exponent bits + 5 x 10 + 2 mantissa bits = the 62 bits of a positive e <= 1
 COUNT, AT_LEAST, ABOVE = 0, 1, 2  # cut at cumulative count >= k, mass >= target, mass > target
-MAX_VOCAB = 1 << 18  # so the low halves' sum stays under 2^44 and the count fits above it
+# The low halves' sum stays under 2^43 and the count (up to 2^19) fits above it, below the
+# sign: Gemma 3's 262,208 tokens are past 2^18. The split does not change a bin's mass: both
+# halves are exact in float64, so hi * 2^24 + lo is the sum's one correct rounding either way.
+MAX_VOCAB = 1 << 19
 _MANT = (1 << 52) - 1
 _IMPLICIT = 1 << 52
-_LOW26 = (1 << 26) - 1
-_LOW44 = (1 << 44) - 1
-_ONE = 1 << 44  # one token in the packed count
+_LOW_BITS = 24
+_LOW = (1 << _LOW_BITS) - 1
+_SUM = (1 << 43) - 1  # the low halves' sum in the packed word
+_ONE = 1 << 43  # one token in the packed count
 
 if SIMULATOR:
 
@@ -52,20 +56,20 @@ else:
 
 @cuda.jit(device=True)
 def _bin_mass(hi, lo, exponent):
-    """Sum of the bin's e values: (hi * 2^26 + lo) * 2^(exponent - 1075), scaled in two exact
+    """Sum of the bin's e values: (hi * 2^24 + lo) * 2^(exponent - 1075), scaled in two exact
     power-of-two steps so no intermediate leaves the normal range."""
-    s = np.float64(hi) * 67108864.0 + np.float64(lo)
+    s = np.float64(hi) * 16777216.0 + np.float64(lo)
     return s * bits_f64(np.int64(423) << 52) * bits_f64(np.int64(exponent + 548) << 52)
 
 
 @cuda.jit(device=True)
 def _count(hl, j):
-    return hl[j] >> 44
+    return hl[j] >> 43
 
 
 @cuda.jit(device=True)
 def _mass(hh, hl, j, exponent):
-    return _bin_mass(hh[j], hl[j] & _LOW44, exponent)
+    return _bin_mass(hh[j], hl[j] & _SUM, exponent)
 
 
 @cuda.jit(device=True)
@@ -123,8 +127,8 @@ def select(e, b, mode, target_c, target_m, set_key, set_id, hh, hl, tc, tm, ri, 
             if _in_set(key, i, set_key, set_id) and (key >> top) == prefix:
                 bn = nb - 1 - ((key >> shift) & (nb - 1))
                 mant = (key & _MANT) | _IMPLICIT
-                cuda.atomic.add(hh, bn, mant >> 26)
-                cuda.atomic.add(hl, bn, _ONE + (mant & _LOW26))
+                cuda.atomic.add(hh, bn, mant >> _LOW_BITS)
+                cuda.atomic.add(hl, bn, _ONE + (mant & _LOW))
         cuda.syncthreads()
         cb = (nb + nt - 1) // nt  # each thread scans a contiguous run of bins
         lo, hi = imin(nb, tid * cb), imin(nb, tid * cb + cb)

@@ -20,7 +20,9 @@ name, kernel), prefix the command with
     ncu --kernel-name-base mangled --kernel-name regex:_gemm_kernel --launch-count 1
         --section SpeedOfLight
         --section WarpStateStats --section SchedulerStats --section Occupancy
-and run it with --gemm --x-bf16 --gemm-ms 4096 --shapes '8B qkv'."""
+and run it with --gemm --x-bf16 --gemm-ms 4096 --shapes '8B qkv'.
+    python -m bench.gpu_linear --fp8 [--ms 1,8,32,64] [--prefill 1024]
+times FP8 weights (e4m3 codes, a scale per row) against bf16 through the model's route."""
 
 import argparse
 import importlib.util
@@ -202,6 +204,61 @@ def bench_wgmma(ms, shapes, wg):
         torch.cuda.empty_cache()
 
 
+def bench_fp8(ms, shapes):
+    """FP8 weights (e4m3 codes and a scale per row, FP8_ROWS) against the same shape in bf16,
+    both packed with x_bf16 and multiplied through DeviceWeight.matmul (the route the model
+    takes at each M: linear_mma, linear_rows or gemm_mma). GB/s counts each one's weight bytes
+    (bf16: 2 a weight; FP8: 1, and 4 a row for its scale)."""
+    from vtllm.kernels import FP8_ROWS
+    from vtllm.kernels.cuda.matmul import upload_matrix
+
+    stream = cuda.stream()
+    rng = np.random.default_rng(0)
+    print(
+        f"{'shape':14s} {'M':>5s} {'bf16 us':>8s} {'GB/s':>6s} {'fp8 us':>8s} {'GB/s':>6s} "
+        f"{'bf16/fp8':>8s}"
+    )
+    for name in shapes:
+        n, k = SHAPES[name]
+        bf16 = (rng.standard_normal((n, k)).astype(np.float32) * 0.05).view(np.uint32) >> 16
+        codes = rng.integers(0, 0x7E, (n, k), dtype=np.uint8) | (
+            rng.integers(0, 2, (n, k), dtype=np.uint8) << 7
+        )  # every e4m3 code but the NaNs (0x7F, 0xFF)
+        scales = np.full((n, 1), 0.01, np.float32).view(np.uint8)
+        weights = {
+            "bf16": upload_matrix(
+                bf16.astype(np.uint16), QType.BF16, (n, k), x_bf16=True, stream=stream
+            ),
+            "fp8": upload_matrix(
+                np.concatenate([codes, scales], axis=1),
+                FP8_ROWS,
+                (n, k),
+                x_bf16=True,
+                stream=stream,
+            ),
+        }
+        del bf16, codes
+        nbytes = {"bf16": 2 * n * k, "fp8": n * k + 4 * n}
+        for m in ms:
+            x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32), stream=stream)
+            out = cuda.device_array((m, n), np.float32, stream=stream)
+            xs = cuda.device_array(default_module.x_scratch_words(m, k), np.uint32, stream=stream)
+            us = {
+                kind: numba_us(
+                    stream,
+                    lambda w=w, x=x, o=out, xs=xs: w.matmul(x, o, x_scratch=xs, stream=stream),
+                )
+                for kind, w in weights.items()
+            }
+            gb = {kind: nbytes[kind] / us[kind] / 1e3 for kind in us}
+            print(
+                f"{name:14s} {m:5d} {us['bf16']:8.1f} {gb['bf16']:6.0f} {us['fp8']:8.1f} "
+                f"{gb['fp8']:6.0f} {us['bf16'] / us['fp8']:8.2f}"
+            )
+            del x, out, xs
+        del weights
+
+
 def bench_rows(stream, mod, x, xs, packed, out, linear_rows):
     """linear_rows: us, and the outputs whose bits differ from linear_mma's (must be 0); a
     variant that refuses W says so."""
@@ -255,7 +312,12 @@ def main():
     )
     p.add_argument("--gemm-ms", default="128,512,1024,4096")
     p.add_argument("--x-bf16", action="store_true", help="W packed for x rounded to bf16")
+    p.add_argument("--fp8", action="store_true", help="FP8 weights against bf16 at each M")
     args = p.parse_args()
+    if args.fp8:
+        ms = [int(m) for m in args.ms.split(",")] + [int(m) for m in args.prefill.split(",") if m]
+        bench_fp8(ms, args.shapes.split(","))
+        return
     if args.wgmma:
         from vtllm.kernels.cuda import _gemm_wgmma as gemm_wgmma
 

@@ -3,18 +3,19 @@ and the routed experts, on the stream, over static buffers (CudaOps' arena: a st
 is captured into a graph like any other). Hot path: keep it lean.
 
 Per routed layer: the router as a linear (float32 logits), the top-k on the device, the
-(token, rank) pairs grouped by expert, then each pair through its expert's gate/up, silu * up
-and down, and the combine
-(kernels/cuda/moe: one path for every step size, so a token's bits are its own). On one-token
-steps whose norms fold into the linears (CudaOps.fold) the ffn norm arrives deferred: route
-runs it as the plain norm kernel, and the combine adds into the residual stream itself (the
-bits of the pending add the unfolded step does in the next norm).
+(token, rank) pairs grouped by expert (in the tiles the layer's expert kernel reads), then each
+pair through its expert's gate/up, silu * up and down (the tensor cores for bf16 experts), and
+the combine (kernels/cuda/moe: one path for every step size, so a token's bits are its own).
+On one-token steps whose norms fold into the linears (CudaOps.fold) the ffn norm arrives
+deferred: route runs it as the plain norm kernel, and the combine adds into the residual
+stream itself (the bits of the pending add the unfolded step does in the next norm).
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from vtllm.kernels import QType
 from vtllm.kernels import cuda as kernels
 from vtllm.kernels.cuda.moe import (
     DeviceExperts,
@@ -26,7 +27,7 @@ from vtllm.kernels.cuda.moe import (
 )
 from vtllm.models.config import ModelConfig
 from vtllm.models.ops import Hidden
-from vtllm.models.weights import MoeWeights
+from vtllm.models.weights import MoeWeights, Weight
 
 
 @dataclass(slots=True)
@@ -39,15 +40,28 @@ class DeviceMoe:
     down: DeviceExperts
 
 
-def upload_moe(moe: MoeWeights, upload_router, *, stream) -> DeviceMoe:
-    """moe's experts stacked on the device; upload_router uploads the router as a dense
-    matrix (CudaOps' own weight upload)."""
+def upload_moe(moe: MoeWeights, upload_router, *, stream, x_bf16: bool | None = None) -> DeviceMoe:
+    """moe's experts stacked on the device (bf16 ones packed for the tensor cores); upload_router
+    uploads the router as a dense matrix (CudaOps' own weight upload). x_bf16: the rounding of x
+    the packed experts take; None: the one upload_router gives the dense linears (_probe_x_bf16)."""
 
     def parts(ws):
         return [(w.data, w.qtype, w.shape) for w in ws]
 
-    experts = upload_experts([parts(g) for g in moe.gate_up], parts(moe.down), stream=stream)
+    if x_bf16 is None:
+        x_bf16 = _probe_x_bf16(upload_router)
+    experts = upload_experts(
+        [parts(g) for g in moe.gate_up], parts(moe.down), x_bf16=x_bf16, stream=stream
+    )
     return DeviceMoe(upload_router(moe.router), experts, experts)
+
+
+def _probe_x_bf16(upload_router) -> bool:
+    """Whether upload_router packs bf16 matrices with x_bf16 (matmul.upload_matrix): the experts
+    must round x as the dense linears of the model do, and upload_router is where CudaOps'
+    choice lives. A 16 x 16 bf16 zero matrix is packed and read back."""
+    probe = upload_router(Weight(np.zeros((16, 16), np.uint16), QType.BF16, (16, 16)))
+    return bool(getattr(probe.data, "x_bf16", False))
 
 
 class CudaMoeOps:
@@ -83,7 +97,7 @@ class CudaMoeOps:
         T, s = self.T, self.stream
         pairs = T * ids.shape[1]
         act, ys, groups = self.expert_act[:pairs], self.expert_out[:pairs], self.expert_groups
-        group_pairs(ids, groups, stream=s)
+        group_pairs(ids, groups, per_tile=gate_up.pairs_per_tile, stream=s)
         gate_up.gated_up(x, ids, groups, self.expert_gate_up[:pairs], act, stream=s)
         down.down_proj(act, ids, groups, ys, stream=s)
         if self.fold:  # the residual add in the combine (the module docstring)

@@ -8,11 +8,12 @@ the logits row in place and a taken expert's is set to TAKEN (probabilities are 
 negative): no scratch per token, whatever the expert count. A row of NaN (a padded row of a
 graph step) still picks k distinct experts, 0 .. k-1, so the GEMV that follows reads no
 expert outside the layer.
-group: the (token, rank) pairs p = t * k + r sorted by expert for the experts' GEMV
-(_moe_gemv), in one block: counts per expert, their prefix sums (where each expert's run of
-pairs starts in `order`, and where its tiles of up to PAIRS_PER_TILE pairs start), then each
-pair placed in its expert's run. The places come from atomics, so the order within a run
-varies from step to step; no result depends on it (the GEMV computes each pair on its own).
+group: the (token, rank) pairs p = t * k + r sorted by expert for the experts' kernels
+(_moe_gemv, _moe_mma), in one block: counts per expert, their prefix sums (where each expert's
+run of pairs starts in `order`, and where its tiles of per_tile pairs start: PAIRS_PER_TILE for
+the GEMV, _moe_mma's eight for the tensor cores), then each pair placed in its expert's run.
+The places come from atomics, so the order within a run varies from step to step; no result
+depends on it (both kernels compute each pair on its own).
 combine: out[t] = sum over r, in rank order, of weights[t, r] * ys[t * k + r]: the first
 product, then one fused multiply-add per rank (kernels/cpu/moe.combine's order).
 """
@@ -66,7 +67,7 @@ def _route_kernel(logits, renormalize, ids, weights):
 
 
 @cuda.jit(cache=True)
-def _group_kernel(ids, num_experts, fill, expert_start, tile_start, order):
+def _group_kernel(ids, num_experts, per_tile, fill, expert_start, tile_start, order):
     grid_dependency_sync()
     tid, threads = cuda.threadIdx.x, cuda.blockDim.x
     k = ids.shape[1]
@@ -85,7 +86,7 @@ def _group_kernel(ids, num_experts, fill, expert_start, tile_start, order):
             tile_start[e] = tiles
             fill[e] = run
             run += count
-            tiles += (count + PAIRS_PER_TILE - 1) // PAIRS_PER_TILE
+            tiles += (count + per_tile - 1) // per_tile
         expert_start[num_experts] = run
         tile_start[num_experts] = tiles
     cuda.syncthreads()
@@ -121,8 +122,10 @@ def route(logits, renormalize: bool, ids, weights, stream) -> None:
     _route_kernel[blocks, ROUTE_THREADS, stream](logits, renormalize, ids, weights)
 
 
-def group(ids, num_experts: int, fill, expert_start, tile_start, order, stream) -> None:
-    _group_kernel[1, GROUP_THREADS, stream](ids, num_experts, fill, expert_start, tile_start, order)
+def group(ids, num_experts: int, per_tile: int, fill, expert_start, tile_start, order, stream):
+    _group_kernel[1, GROUP_THREADS, stream](
+        ids, num_experts, per_tile, fill, expert_start, tile_start, order
+    )
 
 
 def combine(ys, weights, accumulate: bool, out, stream) -> None:

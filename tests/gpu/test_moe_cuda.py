@@ -7,6 +7,11 @@ Teacher-forced: a prompt step, then one-token steps, logits within float32 noise
 the same bits as the whole sequence in one step (the routed experts are batch-invariant);
 a prompt beside another keeps its bits; greedy decoding through the sampler with CUDA graphs
 gives HF's tokens (the routing never leaves the device, so the decode graph captures it).
+
+The same checkpoints in bf16 put the experts on the tensor cores (kernels/cuda/_moe_mma, their
+sides are multiples of 16): a sequence's bits in decode steps, in chunks, in one long prompt
+step and beside another prompt are the same, and its logits stay within the noise of the x
+rounding against the CPU runner (float32 math over the same bf16 weights).
 """
 
 import json
@@ -16,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.models import moe_tiny
-from tests.models.runner_util import teacher_forced_logits
+from tests.models.runner_util import make_runner, teacher_forced_logits
 from vtllm.models.loader import load_model
 from vtllm.models.synthetic import byte_tokenizer_json, save_safetensors
 from vtllm.scheduler.plan import Chunk, SeatedRequest, StepPlan
@@ -114,3 +119,58 @@ def test_greedy_with_graphs_gives_hfs_tokens(model):
     tokens = [runner.execute(plan).sampled[0].token_id for plan in plans]
     assert tokens == out
     assert runner.graphs, "the one-token steps replay from a captured graph"
+
+
+@pytest.mark.parametrize("matmul_input_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(moe_tiny.CONFIGS))
+def test_bf16_experts_on_tensor_cores_keep_a_tokens_bits_at_any_step(
+    tmp_path, name, matmul_input_dtype
+):
+    """A 300-token sequence: decode steps, chunks and one prefill step give the same bits (a
+    long step has dozens of pairs an expert, decode one); the prompt beside another keeps
+    them; against the CPU runner within float32 noise (x split hi + lo) or bf16 x's."""
+    from vtllm.executor.cuda_runner import CudaModelRunner
+
+    config = moe_tiny.CONFIGS[name]
+    width = config.get("moe_intermediate_size", config["intermediate_size"])
+    assert config["hidden_size"] % 16 == 0 and width % 16 == 0  # the tensor-core path
+    save_safetensors(tmp_path / "model.safetensors", moe_tiny.tensors(name), bf16=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json(config["vocab_size"])))
+    loaded = load_model(tmp_path)
+    runner = CudaModelRunner(
+        loaded,
+        block_size=BLOCK,
+        max_num_seqs=4,
+        max_model_len=400,
+        max_num_batched_tokens=400,
+        kv_cache_memory=64 << 20,
+        kv_cache_fraction=0.0,
+        use_graphs=False,
+        matmul_input_dtype=matmul_input_dtype,
+    )
+    rng = np.random.default_rng(5)
+    ids = rng.integers(3, config["vocab_size"], 300).tolist()
+    whole = teacher_forced_logits(runner, ids, [len(ids)])
+    decode = teacher_forced_logits(runner, ids, [280] + [1] * 20)
+    np.testing.assert_array_equal(decode, whole)
+    chunked = teacher_forced_logits(runner, ids, [7, 64, 1, 128, 100])
+    np.testing.assert_array_equal(chunked, whole)
+    other = rng.integers(3, config["vocab_size"], 90).tolist()
+    greedy = SamplingParams(temperature=0)
+    seats, chunks = [], []
+    for slot, seq, first in ((1, other, 1), (2, ids, 30)):
+        blocks = list(range(first, first + -(-len(seq) // BLOCK)))
+        seats.append(SeatedRequest(slot, seq, len(seq), greedy, 0, blocks))
+        chunks.append(Chunk(slot, 0, len(seq), [], sample=False, prompt_logprobs=True))
+    beside, *_ = runner.compute_logits(StepPlan(9, seats, chunks, []))
+    np.testing.assert_array_equal(np.array(beside, np.float32)[len(other) :], whole)
+    cpu = teacher_forced_logits(
+        make_runner(loaded, num_blocks=96, max_model_len=320), ids, [len(ids)]
+    )
+    scale = np.abs(cpu).max(axis=1, keepdims=True)
+    bound = 1e-4 if matmul_input_dtype == "float32" else 3e-2
+    assert np.max(np.abs(whole - cpu) / scale) < bound
+    top2 = np.sort(cpu, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 3 * bound * scale[:, 0]
+    assert np.array_equal(whole.argmax(1)[clear], cpu.argmax(1)[clear])

@@ -121,8 +121,16 @@ def test_greedy_with_graphs_gives_hfs_tokens(model):
     assert runner.graphs, "the one-token steps replay from a captured graph"
 
 
+def _experts_pack(config: dict) -> bool:
+    """Whether bf16 experts of config take the tensor cores: 16-aligned sides."""
+    width = config.get("moe_intermediate_size", config["intermediate_size"])
+    return config["hidden_size"] % 16 == 0 and width % 16 == 0
+
+
 @pytest.mark.parametrize("matmul_input_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("name", sorted(moe_tiny.CONFIGS))
+@pytest.mark.parametrize(
+    "name", [n for n, c in sorted(moe_tiny.CONFIGS.items()) if _experts_pack(c)]
+)
 def test_bf16_experts_on_tensor_cores_keep_a_tokens_bits_at_any_step(
     tmp_path, name, matmul_input_dtype
 ):
@@ -132,8 +140,6 @@ def test_bf16_experts_on_tensor_cores_keep_a_tokens_bits_at_any_step(
     from vtllm.executor.cuda_runner import CudaModelRunner
 
     config = moe_tiny.CONFIGS[name]
-    width = config.get("moe_intermediate_size", config["intermediate_size"])
-    assert config["hidden_size"] % 16 == 0 and width % 16 == 0  # the tensor-core path
     save_safetensors(tmp_path / "model.safetensors", moe_tiny.tensors(name), bf16=True)
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json(config["vocab_size"])))

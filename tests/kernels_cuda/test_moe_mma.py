@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned, random_weight
-from tests.kernels_cuda.test_linear_mma import check_close
+from tests.kernels_cuda.test_linear_mma import check_close, rounded_to_bf16
 from vtllm.kernels import QType
 from vtllm.kernels.cuda._linear_mma import UNROLL, WIDE_WARPS, linear_mma, pack_bf16
 from vtllm.kernels.cuda._moe_mma import PAIRS_PER_TILE, pack_experts
@@ -54,8 +54,9 @@ def _reference(x, ids, mats, x_bf16):
     return want
 
 
-# hi + lo x in the simulator (x_bf16, one mma a tile, in the cases below); both on a card
-@pytest.mark.parametrize("x_bf16", [False] + ([] if SIMULATOR else [True]))
+# x_bf16 (one mma a tile) in the simulator, whose time goes on mmas: the hi + lo kernel runs
+# there end to end (test_moe_forward_sim's float32 runner); both here on a card
+@pytest.mark.parametrize("x_bf16", [True] + ([] if SIMULATOR else [False]))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_pairs_have_linear_mma_bits_at_any_step_size(rng, shape, x_bf16):
     """Gate/up's case (a row of x per token): 9 tokens, then 3 and 1 of them alone; each
@@ -75,8 +76,7 @@ def test_pairs_have_linear_mma_bits_at_any_step_size(rng, shape, x_bf16):
         sub = _run(x[rows], ids[rows], w)
         want = np.concatenate([got[t * TOP_K : (t + 1) * TOP_K] for t in rows])
         np.testing.assert_array_equal(sub, want)
-    if not x_bf16:  # hi + lo x: linear_mma's bound (x_bf16 rounds x, as its own tests show)
-        check_close(got[0:1], x[0:1], mats[ids[0, 0]])
+    check_close(got[0:1], rounded_to_bf16(x[0:1]) if x_bf16 else x[0:1], mats[ids[0, 0]])
 
 
 @pytest.mark.smoke  # the cheaper case: _moe_mma's kernel, packing and grouping

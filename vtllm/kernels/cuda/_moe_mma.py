@@ -56,7 +56,6 @@ from vtllm.kernels.cuda._linear_mma import (
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 PAIRS_PER_TILE = 8  # one mma's N side: the pairs of one expert a block takes
-MAX_GRID_X = 2**31 - 1
 _Z = np.float32(0.0)
 
 
@@ -85,12 +84,12 @@ def pack_experts(mats: list, *, x_bf16: bool = False, stream=0) -> PackedExperts
     n, k = shapes.pop()
     tiles, words = packed_shape(n, k)
     data = cuda.device_array((len(mats) * tiles, words), np.uint32, stream=stream)
+    sync = stream.synchronize if stream else cuda.synchronize
     for e, m in enumerate(mats):
         raw = cuda.to_device(np.ascontiguousarray(m, np.uint16), stream=stream)
         one = pack_bf16(raw, x_bf16=x_bf16, stream=stream)
         data[e * tiles : (e + 1) * tiles].copy_to_device(one.data, stream=stream)
-        if stream:
-            stream.synchronize()  # raw and one are freed on the next trip
+        sync()  # raw and one are freed on the next trip: one expert's copies at a time
     return PackedExperts(data, len(mats), n, k, x_bf16)
 
 
@@ -200,7 +199,7 @@ def experts_mma(x, ids, groups, w: PackedExperts, col0: int, out, stream) -> Non
     tiles = min(pairs, pairs // PAIRS_PER_TILE + w.num_experts)  # at most; the rest exit
     order, es, ts = groups
     kernel = _KERNELS[w.slices != WARPS, w.x_bf16]
-    grid = (min(tiles, MAX_GRID_X), w.n // 16)
+    grid = (tiles, w.n // 16)  # x: 2^31 - 1 blocks, more than any step's pairs
     per_token = x.shape[0] == t
     kernel[grid, w.slices * 32, stream](
         x, order, es, ts, w.data, w.num_experts, k, per_token, col0, out

@@ -25,11 +25,13 @@ however many tokens the step has and wherever the grouping placed it. Slots of a
 its pairs repeat its last pair (computed, never stored). A token's bits are therefore the same
 in a decode step, a batched step or a long prefill.
 
-Cost (a 1,024-token step of Qwen3-30B-A3B's shape, ~64 pairs an expert): a block reads a
-16 x K tile of W (bf16) and 8 rows of x (float32), 64 K bytes, for 256 K flops: 4 flops a
-byte of L2 traffic. That bounds this version by L2 bandwidth, several times short of the
-tensor cores' rate; more pairs a block (as _linear_mma's four groups) or x split once in bf16
-would raise it.
+Cost (a 1,024-token step of Qwen3-30B-A3B's shape: 8,192 pairs, ~64 an expert): a block
+reads a 16 x K tile of W (bf16) and 8 gathered rows of x (float32) for 2 x 16 x 8 x K flops, 4
+flops a byte, and every row tile of W re-reads x: gate/up moves about 6.4 GB of x and 6.9 GB
+of W through L2 for 55 GFLOP, down about half that. Bound by L2 bandwidth (a few ms a layer),
+not by HBM (each expert's W comes from memory about once) nor by the tensor cores (~0.1 ms):
+blocks that keep x for several row tiles (x split once, its fragments used for each) and
+more pairs a block (as _linear_mma's four groups) are the next steps.
 """
 
 from dataclasses import dataclass

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vtllm.kernels import QType
 from vtllm.kernels import cuda as kernels
 from vtllm.kernels.cuda.moe import (
     DeviceExperts,
@@ -27,7 +26,7 @@ from vtllm.kernels.cuda.moe import (
 )
 from vtllm.models.config import ModelConfig
 from vtllm.models.ops import Hidden
-from vtllm.models.weights import MoeWeights, Weight
+from vtllm.models.weights import MoeWeights
 
 
 @dataclass(slots=True)
@@ -40,28 +39,18 @@ class DeviceMoe:
     down: DeviceExperts
 
 
-def upload_moe(moe: MoeWeights, upload_router, *, stream, x_bf16: bool | None = None) -> DeviceMoe:
+def upload_moe(moe: MoeWeights, upload_router, *, stream, x_bf16: bool) -> DeviceMoe:
     """moe's experts stacked on the device (bf16 ones packed for the tensor cores); upload_router
     uploads the router as a dense matrix (CudaOps' own weight upload). x_bf16: the rounding of x
-    the packed experts take; None: the one upload_router gives the dense linears (_probe_x_bf16)."""
+    the packed experts take, the dense linears' (CudaOps.x_bf16)."""
 
     def parts(ws):
         return [(w.data, w.qtype, w.shape) for w in ws]
 
-    if x_bf16 is None:
-        x_bf16 = _probe_x_bf16(upload_router)
     experts = upload_experts(
         [parts(g) for g in moe.gate_up], parts(moe.down), x_bf16=x_bf16, stream=stream
     )
     return DeviceMoe(upload_router(moe.router), experts, experts)
-
-
-def _probe_x_bf16(upload_router) -> bool:
-    """Whether upload_router packs bf16 matrices with x_bf16 (matmul.upload_matrix): the experts
-    must round x as the dense linears of the model do, and upload_router is where CudaOps'
-    choice lives. A 16 x 16 bf16 zero matrix is packed and read back."""
-    probe = upload_router(Weight(np.zeros((16, 16), np.uint16), QType.BF16, (16, 16)))
-    return bool(getattr(probe.data, "x_bf16", False))
 
 
 class CudaMoeOps:

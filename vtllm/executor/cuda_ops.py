@@ -185,7 +185,9 @@ class CudaOps(CudaMoeOps):
                 post_ffn_norm=vec(layer.post_ffn_norm),
                 gate_up=stacked(layer.gate_up, gate_up=True) if layer.gate_up else None,
                 down=None if layer.down is None else w(layer.down),
-                moe=None if layer.moe is None else upload_moe(layer.moe, w, stream=s),
+                moe=None
+                if layer.moe is None
+                else upload_moe(layer.moe, w, stream=s, x_bf16=self.x_bf16),
             )
             for layer in weights.layers
         ]

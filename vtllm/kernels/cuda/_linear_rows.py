@@ -29,6 +29,9 @@ FP8 W (_fp8.pack_fp8): a ring stage holds its 64-word tiles (16 chunks of 16 byt
 tiles a pass of the warp's copies); each A fragment is converted to bf16 as it leaves shared
 memory (_ptx.e4m3x4_to_bf16x4), and each sum is multiplied by its row's scale before the bias,
 as _linear_mma does: the same bits.
+
+Over 400 lines: one kernel whose ring protocol (copies, waits, the pass loop) must stay beside
+its bf16 and FP8 stage layouts and its launcher's geometry, which change together.
 """
 
 import numpy as np

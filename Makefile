@@ -33,8 +33,9 @@ LINTED := vtllm tests loadtest bench tools
 # The CUDA kernels under numba's simulator: it must be on before numba.cuda is imported, so the
 # simulator runs are pytest processes of their own, spread over the machine's cores (the simulator
 # holds the GIL). --kernel-coverage fails a run in which some module of vtllm/kernels/cuda had
-# none of its kernels called.
-CUDASIM := NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n auto --kernel-coverage -m
+# none of its kernels called. --dist loadfile keeps a file on one worker: module fixtures (the
+# speculation module's reference decode, the forward tests' models) are built once, not on each.
+CUDASIM := NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n auto --dist loadfile --kernel-coverage -m
 
 # Lint and the CPU suite (kernels, engine, server, reliability, a short soak): within 10 minutes
 # on 2 cores. The CUDA kernels run under the simulator in their own targets.

@@ -47,7 +47,7 @@ from vtllm.kernels.cuda._linear_kquant import (
     _unit_q23k,
     _unit_q45k,
 )
-from vtllm.kernels.cuda._moe_route import PAIRS_PER_TILE
+from vtllm.kernels.cuda._moe_route import PAIRS_PER_TILE, tile_pairs
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 WARPS = 2 if SIMULATOR else 4  # rows of W per block, one warp each
@@ -59,15 +59,7 @@ _Z = np.float32(0.0)
 def _tile(j, expert_start, tile_start, order, num_experts, k, per_token):
     """Tile j: (its expert, its number of pairs, the pairs, their rows of x); slots past the
     count repeat the last pair (computed, never stored)."""
-    lo, hi = 0, num_experts - 1  # the last expert whose tiles start at or before j
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if tile_start[mid] <= j:
-            lo = mid
-        else:
-            hi = mid - 1
-    first = expert_start[lo] + PAIRS_PER_TILE * (j - tile_start[lo])
-    cnt = imin(PAIRS_PER_TILE, expert_start[lo + 1] - first)
+    lo, first, cnt = tile_pairs(j, expert_start, tile_start, num_experts, PAIRS_PER_TILE)
     p0 = order[first]
     p1 = order[first + imin(1, cnt - 1)]
     p2 = order[first + imin(2, cnt - 1)]

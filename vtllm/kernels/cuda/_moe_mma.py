@@ -55,6 +55,7 @@ from vtllm.kernels.cuda._linear_mma import (
     packed_shape,
     warps_for,
 )
+from vtllm.kernels.cuda._moe_route import tile_pairs
 from vtllm.kernels.cuda._ptx import grid_dependency_sync
 
 PAIRS_PER_TILE = 8  # one mma's N side: the pairs of one expert a block takes
@@ -96,20 +97,6 @@ def pack_experts(mats: list, *, x_bf16: bool = False, stream=0) -> PackedExperts
 
 
 @cuda.jit(device=True)
-def _pairs(j, expert_start, tile_start, num_experts):
-    """Tile j's expert, the place of its first pair in order, and its number of pairs."""
-    lo, hi = 0, num_experts - 1  # the last expert whose tiles start at or before j
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if tile_start[mid] <= j:
-            lo = mid
-        else:
-            hi = mid - 1
-    first = expert_start[lo] + PAIRS_PER_TILE * (j - tile_start[lo])
-    return lo, first, imin(PAIRS_PER_TILE, expert_start[lo + 1] - first)
-
-
-@cuda.jit(device=True)
 def _experts_mma_block(x, order, es, ts, packed, num_experts, k, per_token, col0, out, warps,
                        x_bf16, partial):  # fmt: skip
     j = cuda.blockIdx.x
@@ -119,7 +106,7 @@ def _experts_mma_block(x, order, es, ts, packed, num_experts, k, per_token, col0
     warp = cuda.threadIdx.x // 32
     row_tiles = packed.shape[0] // num_experts
     nt = cuda.blockIdx.y
-    e, first, cnt = _pairs(j, es, ts, num_experts)
+    e, first, cnt = tile_pairs(j, es, ts, num_experts, PAIRS_PER_TILE)
     p = order[first + imin(lane // 4, cnt - 1)]  # this lane's column of B: its pair's row of x
     r = p // k if per_token else p
     tile_row = e * row_tiles + nt

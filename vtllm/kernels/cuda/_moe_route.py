@@ -95,6 +95,21 @@ def _group_kernel(ids, num_experts, per_tile, fill, expert_start, tile_start, or
 
 
 @cuda.jit(device=True)
+def tile_pairs(j, expert_start, tile_start, num_experts, per_tile):
+    """Tile j of group's layout (tiles of per_tile pairs): its expert, the place of its first
+    pair in order, and its number of pairs."""
+    lo, hi = 0, num_experts - 1  # the last expert whose tiles start at or before j
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tile_start[mid] <= j:
+            lo = mid
+        else:
+            hi = mid - 1
+    first = expert_start[lo] + per_tile * (j - tile_start[lo])
+    return lo, first, imin(per_tile, expert_start[lo + 1] - first)
+
+
+@cuda.jit(device=True)
 def _expert(ids, p, k, num_experts):
     """Pair p's expert, clamped: padded rows of a graph step must not send the GEMV outside
     the layer's experts, whatever their ids hold."""

@@ -13,6 +13,7 @@ last is read, as the engine runs them); --host-profile N adds cProfile's table o
 import argparse
 import statistics
 import time
+from types import SimpleNamespace
 
 import numpy as np
 from numba import cuda
@@ -368,6 +369,9 @@ def op_rows(runner, T, R, views):
                 ),
             )
         )
+    if lay.moe is not None:  # a routed layer: the router and the experts replace gate_up / down
+        rows = [r for r in rows if "gate_up" not in r[0] and "down" not in r[0]]
+        rows += moe_rows(runner, lay, x, res, B, n)
     total = 0.0
     print(f"{'op':24s} {'us each':>9s} {'per step':>9s} {'x':>4s}")
     for name, count, fn in rows:
@@ -375,6 +379,20 @@ def op_rows(runner, T, R, views):
         total += us * count
         print(f"{name:24s} {us:9.1f} {us * count:9.1f} {count:4d}")
     print(f"{'sum of ops':24s} {'':9s} {total:9.1f}")
+
+
+def moe_rows(runner, lay, x, res, B, n):
+    """The routed experts of a MoE layer over B tokens: the router with its top-k, then the
+    grouped gate_up / SwiGLU / down and the weighted combine into the residual stream."""
+    m, c, moe = runner.ops, runner.config, lay.moe
+    m.T = B
+    k, renorm = c.num_experts_per_tok, c.norm_topk_prob
+    routing = m.route(x, moe.router, k, renorm)
+    hidden = SimpleNamespace(residual=res, pending=None)
+    return [
+        ("moe router + top-k", n, lambda: m.route(x, moe.router, k, renorm)),
+        ("moe experts", n, lambda: m.add_experts(x, routing, moe.gate_up, moe.down, hidden)),
+    ]
 
 
 if __name__ == "__main__":

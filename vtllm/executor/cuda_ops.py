@@ -163,7 +163,12 @@ class CudaOps(CudaMoeOps):
         def stacked(parts: list[Weight], *, gate_up: bool = False):
             """q/k/v or gate/up as one matrix, or as MixedRows where their types differ."""
             if len({p.qtype for p in parts}) > 1:
-                return upload_mixed([(p.data, p.qtype) for p in parts], stream=s)
+                return upload_mixed(
+                    [(p.data, p.qtype) for p in parts],
+                    gate_up=gate_up,
+                    x_bf16=self.x_bf16,
+                    stream=s,
+                )
             return w(parts[0] if len(parts) == 1 else concat_rows(parts), gate_up=gate_up)
 
         def raw(x: Weight) -> DeviceWeight:

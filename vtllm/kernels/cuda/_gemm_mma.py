@@ -27,6 +27,15 @@ FP8 W (_fp8.pack_fp8): its 64-word tiles take half the A part of a stage; each A
 converted to bf16 as it is read into the register buffers (_ptx.e4m3x4_to_bf16x4), so the mmas
 are bf16's, and each total is multiplied by its row's scale before the bias, as _linear_mma
 does: the same bits.
+
+K-quant W (_kquant_pack): its code tiles (32 or 64 words) take the A part of a stage; the codes
+become bf16 as they are read into the register buffers (kq_fragment_shared), and each K tile's
+products go into the accumulators by kq_apply's steps (t = mma(codes, x), X = mma(ones, x) once
+a token group, acc = fma(S, t, acc), acc = fma(-M, X, acc)) with the scales of the warp's row
+tiles loaded for that tile (_row_scales): _linear_mma's operations in its order, the same bits.
+
+Over 400 lines: one kernel whose stage layout, copy and fragment walk serve bf16, FP8 and
+K-quant W alike and change together.
 """
 
 import numpy as np
@@ -34,12 +43,19 @@ from numba import cuda, float32, int32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin
 from vtllm.kernels.cuda._host import allow_dynamic_shared
+from vtllm.kernels.cuda._kquant_pack import (
+    KQ_TYPES,
+    kq_apply,
+    kq_fragment_shared,
+    kq_scales,
+    kq_sums,
+)
 from vtllm.kernels.cuda._linear_mma import (
-    FP8_TILE_WORDS,
     TILE_WORDS,
     X_BF16_TILE_WORDS,
     PackedBF16,
     check_split_step,
+    words_of,
 )
 from vtllm.kernels.cuda._ptx import (
     copy_async_commit,
@@ -83,13 +99,13 @@ assert A_COPIES * THREADS == BLOCK_TILES * 32 and THREADS % 32 == 0
 assert min(STAGES.values()) >= 2
 
 
-def _layout(x_bf16: bool, fp8: bool = False) -> dict:
+def _layout(x_bf16: bool, fp8: bool = False, kq: int = 0) -> dict:
     """Shared memory of a block, in uint32 words, for x split into hi + lo (128-word tiles) or
     rounded to hi only (x_bf16, 64-word tiles), W bf16 (128-word tiles) or FP8 (64): the
     STAGES[x_bf16] stages of two K tiles each (the A tiles, then the x groups), then the
     running totals [ACCS][THREADS]."""
     x_words = X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS
-    a_tile = FP8_TILE_WORDS if fp8 else TILE_WORDS
+    a_tile = words_of(fp8, kq)
     a_chunks = BLOCK_TILES * a_tile // 4  # 16-byte copies of a K tile's A tiles
     a_words = BLOCK_TILES * a_tile
     tile_span = a_words + BLOCK_GROUPS * x_words
@@ -143,13 +159,15 @@ def _copy_tile(ops, at, kt, xp, packed, tid, rows, lay):
 
 
 @cuda.jit(device=True)
-def _fragments(ops, at, wm, wn, lane, fa, fb, buf, lay):
+def _fragments(ops, at, wm, wn, lane, fa, fb, buf, lay, kq):
     """This warp's fragments of the K tile at ops[at ..] into register buffer buf (0 or 1);
-    FP8 A fragments converted to bf16 on the way."""
+    FP8 and K-quant A fragments converted to bf16 on the way."""
     a_tile, a_words, _, _, x_words, _, _ = lay
     for i in range(WT_M):
         e = buf * A_FRAGS + 4 * i
-        if a_tile == TILE_WORDS:
+        if kq:
+            a0, a1, a2, a3 = kq_fragment_shared(ops, at + (wm * WT_M + i) * a_tile, lane, kq)
+        elif a_tile == TILE_WORDS:
             a0, a1, a2, a3 = shared_u32x4(ops, at + (wm * WT_M + i) * TILE_WORDS + 4 * lane)
         else:
             w0, w1 = shared_u32x2(ops, at + (wm * WT_M + i) * a_tile + 2 * lane)
@@ -167,20 +185,39 @@ def _fragments(ops, at, wm, wn, lane, fa, fb, buf, lay):
 
 
 @cuda.jit(device=True)
-def _mmas(fa, fb, buf, p, x_bf16):
+def _mmas(fa, fb, buf, p, x_bf16, kq, sc):
     """p += the warp's sub-tile of one K tile from register buffer buf: per A tile and x
-    group, c = mma(A, hi, c); c = mma(A, lo, c), as _linear_mma (the first only, x_bf16)."""
+    group, c = mma(A, hi, c); c = mma(A, lo, c), as _linear_mma (the first only, x_bf16);
+    K-quant W: _kquant_pack.kq_apply's steps, with the row tiles' scales sc (_row_scales)."""
     for j in range(WT_N):
         e = buf * B_FRAGS + 4 * j
         h0, h1, l0, l1 = fb[e], fb[e + 1], fb[e + 2], fb[e + 3]
+        if kq:  # x's sums over the tile, once for the row tiles
+            u = kq_sums(h0, h1, l0, l1, x_bf16, kq)
         for i in range(WT_M):
             f = buf * A_FRAGS + 4 * i
             a0, a1, a2, a3 = fa[f], fa[f + 1], fa[f + 2], fa[f + 3]
             b = 4 * (i * WT_N + j)
+            if kq:
+                s = (sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3])
+                p[b], p[b + 1], p[b + 2], p[b + 3] = kq_apply(
+                    a0, a1, a2, a3, h0, h1, l0, l1, p[b], p[b + 1], p[b + 2], p[b + 3],
+                    x_bf16, kq, s, u,
+                )  # fmt: skip
+                continue
             c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, h0, h1, p[b], p[b + 1], p[b + 2], p[b + 3])
             if not x_bf16:
                 c0, c1, c2, c3 = mma_bf16(a0, a1, a2, a3, l0, l1, c0, c1, c2, c3)
             p[b], p[b + 1], p[b + 2], p[b + 3] = c0, c1, c2, c3
+
+
+@cuda.jit(device=True)
+def _row_scales(kscale, sc, nt, last_tile, kt, lane, kq):
+    """sc = the K-quant scales of K tile kt for this warp's WT_M row tiles from nt."""
+    for i in range(WT_M):
+        sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3] = kq_scales(
+            kscale, imin(nt + i, last_tile), kt, lane, kq
+        )
 
 
 @cuda.jit(device=True)
@@ -205,12 +242,13 @@ def _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at):
     return kt, r
 
 
-def _gemm_kernel(x_bf16, fp8):
+def _gemm_kernel(x_bf16, fp8, kq=0):
     """The kernel for W packed with or without x_bf16 (a constant: the lo mma and its words
-    fold away), bf16 or FP8; its shared-memory layout's sizes are constants of it too. FP8
-    kernels take the rows' scales as one argument more (bf16 ones pass bias in its place,
-    never read: an array argument costs a launch from Python time)."""
-    layout = _layout(x_bf16, fp8)
+    fold away), bf16, FP8 or K-quant of type kq; its shared-memory layout's sizes are constants
+    of it too. FP8 kernels take the rows' scales as one argument more, K-quant ones their scale
+    records (bf16 ones pass bias and packed in their places, never read: an array argument
+    costs a launch from Python time)."""
+    layout = _layout(x_bf16, fp8, kq)
     lay = tuple(
         layout[key]
         for key in ("a_tile", "a_words", "a_chunks", "a_copies", "x_words", "x_chunks", "x_copies")
@@ -221,7 +259,7 @@ def _gemm_kernel(x_bf16, fp8):
     stages, wait_next = STAGES[x_bf16], _WAIT_NEXT[STAGES[x_bf16]]
 
     @cuda.jit(device=True)
-    def body(xp, packed, bias, has_bias, out, residues, scale, ops, sums, fa, fb, p, rows):
+    def body(xp, packed, bias, has_bias, out, residues, scale, kscale, ops, sums, fa, fb, p, rows):
         M, N = out.shape
         ktiles = xp.shape[1] // x_words  # real K tiles (x has no padding)
         nstages = (ktiles + 1) // 2
@@ -258,7 +296,9 @@ def _gemm_kernel(x_bf16, fp8):
             copy_async_commit()
         wait_next()
         cuda.syncthreads()
-        _fragments(ops, 0, wm, wn, lane, fa, fb, 0, lay)
+        _fragments(ops, 0, wm, wn, lane, fa, fb, 0, lay, kq)
+        sc = cuda.local.array(A_FRAGS, float32)  # K-quant: this K tile's scales (registers)
+        ntw = nt0 + wm * WT_M
 
         r = kt = 0
         # stage s's slot, (s % stages) * stage_words, stepped rather than divided (stages
@@ -279,16 +319,20 @@ def _gemm_kernel(x_bf16, fp8):
                             load_kt = load_r
             copy_async_commit()
             # first K tile of the stage (buffer 0); the second's fragments load meanwhile
-            _fragments(ops, here + tile_span, wm, wn, lane, fa, fb, 1, lay)
-            _mmas(fa, fb, 0, p, x_bf16)
+            _fragments(ops, here + tile_span, wm, wn, lane, fa, fb, 1, lay, kq)
+            if kq:
+                _row_scales(kscale, sc, ntw, last_tile, kt, lane, kq)
+            _mmas(fa, fb, 0, p, x_bf16, kq, sc)
             kt, r = _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at)
             # second K tile (buffer 1); the next stage's first tile loads once it has landed
             wait_next()
             cuda.syncthreads()
             here = here + stage_words if here + stage_words < stages * stage_words else 0
-            _fragments(ops, here, wm, wn, lane, fa, fb, 0, lay)
+            _fragments(ops, here, wm, wn, lane, fa, fb, 0, lay, kq)
             if 2 * s + 1 < ktiles:
-                _mmas(fa, fb, 1, p, x_bf16)
+                if kq:
+                    _row_scales(kscale, sc, ntw, last_tile, kt, lane, kq)
+                _mmas(fa, fb, 1, p, x_bf16, kq, sc)
                 kt, r = _next_position(kt, r, residues, ktiles, sums, p, tid, sums_at)
         # _linear_mma's idle warps add +0 when there are fewer K tiles than slices (turns -0 to +0)
         zero_fix = ktiles < residues
@@ -310,7 +354,22 @@ def _gemm_kernel(x_bf16, fp8):
                             v += bias[rr]
                         out[tk, rr] = v
 
-    if fp8:
+    if kq:
+
+        @cuda.jit(cache=True, **_REGISTERS[x_bf16])
+        def kernel(xp, packed, bias, has_bias, out, residues, kscale):
+            grid_dependency_sync()
+            ops = cuda.shared.array(0, uint32)  # dynamic: the stages, then the totals
+            sums = cuda.shared.array(0, float32)  # the same memory, as floats past sums_at
+            fa = cuda.local.array(A_BUFFERS, uint32)  # registers: constant indices once unrolled
+            fb = cuda.local.array(B_BUFFERS, uint32)
+            p = cuda.local.array(ACCS, float32)
+            rows = cuda.local.array(COPIES, int32)
+            body(
+                xp, packed, bias, has_bias, out, residues, bias, kscale, ops, sums, fa, fb, p, rows
+            )
+
+    elif fp8:
 
         @cuda.jit(cache=True, **_REGISTERS[x_bf16])
         def kernel(xp, packed, bias, has_bias, out, residues, scale):
@@ -321,7 +380,9 @@ def _gemm_kernel(x_bf16, fp8):
             fb = cuda.local.array(B_BUFFERS, uint32)
             p = cuda.local.array(ACCS, float32)
             rows = cuda.local.array(COPIES, int32)
-            body(xp, packed, bias, has_bias, out, residues, scale, ops, sums, fa, fb, p, rows)
+            body(
+                xp, packed, bias, has_bias, out, residues, scale, packed, ops, sums, fa, fb, p, rows
+            )
 
     else:
 
@@ -334,13 +395,18 @@ def _gemm_kernel(x_bf16, fp8):
             fb = cuda.local.array(B_BUFFERS, uint32)
             p = cuda.local.array(ACCS, float32)
             rows = cuda.local.array(COPIES, int32)
-            body(xp, packed, bias, has_bias, out, residues, bias, ops, sums, fa, fb, p, rows)
+            body(
+                xp, packed, bias, has_bias, out, residues, bias, packed, ops, sums, fa, fb, p, rows
+            )
 
     return kernel
 
 
+# (x_bf16, W's type: 0 bf16, 1 FP8, else the K-quant QType) -> kernel
 _KERNELS = {
-    (x_bf16, fp8): _gemm_kernel(x_bf16, fp8) for x_bf16 in (False, True) for fp8 in (False, True)
+    (x_bf16, wt): _gemm_kernel(x_bf16, wt == 1, 0 if wt < 2 else wt)
+    for x_bf16 in (False, True)
+    for wt in (0, 1, *KQ_TYPES)
 }
 
 
@@ -359,9 +425,9 @@ def gemm_mma(xp, w: PackedBF16, out, *, bias=None, stream=0) -> None:
     m, n = out.shape
     if m == 0:
         return
-    args = (xp, w.data, bias, has_bias, out, w.slices, *((w.scale,) if w.fp8 else ()))
-    kernel = _KERNELS[w.x_bf16, w.fp8]
-    nbytes = _layout(w.x_bf16, w.fp8)["shared_bytes"]
+    args = (xp, w.data, bias, has_bias, out, w.slices, *(() if w.scale is None else (w.scale,)))
+    kernel = _KERNELS[w.x_bf16, w.kq or int(w.fp8)]
+    nbytes = _layout(w.x_bf16, w.fp8, w.kq)["shared_bytes"]
     allow_dynamic_shared(kernel, args, nbytes)
     grid = (-(-xp.shape[0] // BLOCK_GROUPS), -(-(n // 16) // BLOCK_TILES))
     kernel[grid, THREADS, stream, nbytes](*args)

@@ -46,6 +46,15 @@ Weight-only, x as for bf16 W: prefill here is bound by latency, not by the tenso
 so FP8 x FP8 mmas would buy little, while bf16 activations keep the bf16 path's accuracy;
 memory and decode's bytes halve either way (Hopper's FP8 mma is a possible next step).
 
+K-quant weights (Q2_K .. Q6_K, PackedBF16 with kq, _kquant_pack): the same tiles hold the
+weights' integer codes (4 bits or a byte each) and a scale record per row tile and super-block
+(d, dmin, the sub-blocks' scale bytes); each fragment becomes the codes as exact bf16 integers,
+and per tile acc = fma(S, mma(codes, x), acc) and acc = fma(-M, mma(ones, x), acc), S and M
+the sub-block's scale and minimum: the weights are never rounded. The GEMV that ran K-quant W
+before (_linear_kquant) used float32 x and decoded weights: the tensor-core numerics differ
+from it (x as hi + lo bf16, or rounded to bf16 with x_bf16), and every route gives a row the
+same bits, one-token steps included.
+
 Over 400 lines: the packed format (pack_bf16, split_x, packed_shape) stays beside the kernel
 whose loop defines it (warps_for, UNROLL: the K slices that every tensor-core kernel of
 matmul sums in, in this kernel's order), so that the two change together.
@@ -57,7 +66,18 @@ import numpy as np
 from numba import cuda, float32
 
 from vtllm.kernels.cuda._device import MAX_WARPS, SIMULATOR, imin
-from vtllm.kernels.cuda._host import aligned, check, placeholder
+from vtllm.kernels.cuda._host import aligned, check, is_device_array, placeholder
+from vtllm.kernels.cuda._kquant_pack import (
+    KQ_TYPES,
+    kq_apply,
+    kq_codes,
+    kq_fragment,
+    kq_scales,
+    kq_sums,
+    kq_tile_words,
+    scale_shape,
+    tile_words,
+)
 from vtllm.kernels.cuda._ptx import (
     e4m3x4_to_bf16x4,
     grid_dependency_sync,
@@ -109,12 +129,20 @@ def warps_for(n: int, k: int) -> int:
     return WARPS
 
 
-def packed_shape(n: int, k: int, fp8: bool = False) -> tuple[int, int]:
+def words_of(fp8: bool, kq: int = 0) -> int:
+    """uint32 words of a packed 16 x 16 tile of W: bf16, FP8 or K-quant codes of type kq."""
+    if kq:
+        return tile_words(kq)
+    return FP8_TILE_WORDS if fp8 else TILE_WORDS
+
+
+def packed_shape(n: int, k: int, fp8: bool = False, kq: int = 0) -> tuple[int, int]:
     """K is padded with zero tiles to whole rounds of the kernel's loop (warps x UNROLL
-    tiles), so the loop needs no bounds checks on W: the zeros add exact zeros."""
+    tiles), so the loop needs no bounds checks on W: the zeros add exact zeros (K-quant
+    padding tiles add nothing at all, _kquant_pack)."""
     step = warps_for(n, k) * UNROLL
     rounds = -(-(k // 16) // step)
-    return n // 16, rounds * step * (FP8_TILE_WORDS if fp8 else TILE_WORDS)
+    return n // 16, rounds * step * words_of(fp8, kq)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,17 +150,25 @@ class PackedBF16:
     """W [n, k] in fragment order (pack_bf16); data: device uint32 of packed_shape(n, k).
     x_bf16: the kernels multiply it by x rounded to bf16 (one mma a product) instead of
     x split into hi + lo (see the module docstring). scale: None for bf16 W; for FP8 W, the
-    device float32 [n] scales of its rows, data holding e4m3 codes (_fp8.pack_fp8)."""
+    device float32 [n] scales of its rows, data holding e4m3 codes (_fp8.pack_fp8). kq: 0, or
+    the QType of K-quant W, data holding its codes and scale its uint32 scale records
+    (_kquant_pack)."""
 
     data: object
     n: int
     k: int
     x_bf16: bool = False
     scale: object = None
+    kq: int = 0
 
     @property
     def fp8(self) -> bool:
-        return self.scale is not None
+        return self.scale is not None and not self.kq
+
+    @property
+    def words(self) -> int:
+        """uint32 words of a packed tile."""
+        return words_of(self.fp8, self.kq)
 
     @property
     def slices(self) -> int:
@@ -166,9 +202,31 @@ def _pack_kernel(w, packed):
 
 
 @cuda.jit(device=True)
+def _words(fp8, kq):
+    """words_of, in device code."""
+    if kq:
+        return kq_tile_words(kq)
+    return FP8_TILE_WORDS if fp8 else TILE_WORDS
+
+
+@cuda.jit(device=True)
 def _fragment(packed, nt, kt, lane, fp8):
     """This lane's A fragment of tile kt (row tile nt): four bf16 pairs, converted from its 8
     e4m3 codes for FP8 W."""
+    if fp8:
+        w0, w1 = load_u32x2(packed, nt, kt * FP8_TILE_WORDS + 2 * lane)
+        a0, a1 = e4m3x4_to_bf16x4(w0)
+        a2, a3 = e4m3x4_to_bf16x4(w1)
+        return a0, a1, a2, a3
+    return load_u32x4(packed, nt, kt * TILE_WORDS + 4 * lane)
+
+
+@cuda.jit(device=True)
+def _fragment_of(packed, nt, kt, lane, fp8, kq):
+    """_fragment, or for K-quant W its codes as loaded (_kquant_pack.kq_codes: converted in
+    _tile). Written out, not a call of _fragment: each call costs the simulator time."""
+    if kq:
+        return kq_codes(packed, nt, kt, lane, kq)
     if fp8:
         w0, w1 = load_u32x2(packed, nt, kt * FP8_TILE_WORDS + 2 * lane)
         a0, a1 = e4m3x4_to_bf16x4(w0)
@@ -196,9 +254,32 @@ def _group(x, r, k, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16, norm, nw, inv):
 
 
 @cuda.jit(device=True)
-def _group_packed(xp, gi, col, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16):
+def _group_kq(x, r, k, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16, norm, nw, inv, kq, sc):
+    """_group for K-quant codes a of type kq, sc their scales (_kquant_pack.kq_apply)."""
+    u0, u1 = load_f32x2(x, r, k)
+    v0, v1 = load_f32x2(x, r, k + 8)
+    if norm:
+        w0, w1 = load_f32x2(nw, 0, k)
+        w2, w3 = load_f32x2(nw, 0, k + 8)
+        u0, u1, v0, v1 = w0 * (u0 * inv), w1 * (u1 * inv), w2 * (v0 * inv), w3 * (v1 * inv)
+    h0, l0 = split_bf16x2(u0, u1)
+    h1, l1 = split_bf16x2(v0, v1)
+    u = kq_sums(h0, h1, l0, l1, x_bf16, kq)
+    return kq_apply(a0, a1, a2, a3, h0, h1, l0, l1, c0, c1, c2, c3, x_bf16, kq, sc, u)
+
+
+@cuda.jit(device=True)
+def _group_packed(xp, gi, col, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16, kq, sc):
     """_group with x split beforehand (split_x): this lane's four words (two, x_bf16) in one
     load."""
+    if kq:
+        if x_bf16:
+            h0, h1 = load_u32x2(xp, gi, col)
+            l0, l1 = h0, h1  # unused
+        else:
+            h0, h1, l0, l1 = load_u32x4(xp, gi, col)
+        u = kq_sums(h0, h1, l0, l1, x_bf16, kq)
+        return kq_apply(a0, a1, a2, a3, h0, h1, l0, l1, c0, c1, c2, c3, x_bf16, kq, sc, u)
     if x_bf16:
         h0, h1 = load_u32x2(xp, gi, col)
         return mma_bf16(a0, a1, a2, a3, h0, h1, c0, c1, c2, c3)
@@ -208,28 +289,71 @@ def _group_packed(xp, gi, col, a0, a1, a2, a3, c0, c1, c2, c3, x_bf16):
 
 
 @cuda.jit(device=True)
-def _tile(x, xp, prepacked, g0, groups, rows, kt, lane, a, acc, x_bf16, norm, nw, inv):
-    """acc (16 accumulators: 4 groups x 4) advanced by tile kt of W, whose fragment is a;
-    groups past the last token are skipped (block-uniform). norm (one group only): see
-    _group."""
+def _tile(
+    x,
+    xp,
+    prepacked,
+    g0,
+    groups,
+    rows,
+    kt,
+    last,
+    lane,
+    a,
+    acc,
+    x_bf16,
+    norm,
+    nw,
+    inv,
+    kq,
+    kscale,
+    nt,
+):
+    """acc (16 accumulators: 4 groups x 4) advanced by tile kt of W, whose fragment is a; x's
+    tile is min(kt, last) (x has no padding: padded tiles of W read its last tile, times
+    zeros). Groups past the last token are skipped (block-uniform). norm (one group only): see
+    _group. K-quant W: the tile's scales from kscale (row tile nt), _kquant_pack."""
+    sc = kq_scales(kscale, nt, kt, lane, kq)
+    kt = imin(kt, last)
     a0, a1, a2, a3 = a
+    if kq:
+        a0, a1, a2, a3 = kq_fragment(a0, a1, kq)
     r0, r1, r2, r3 = rows
     (c00, c01, c02, c03, c10, c11, c12, c13, c20, c21, c22, c23, c30, c31, c32, c33) = acc
     if prepacked:  # group g0 is the block's first; columns in tile-fragment order
         xw = X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS
         gi, col = g0, kt * xw + (xw // 32) * lane
-        c00, c01, c02, c03 = _group_packed(xp, gi, col, a0, a1, a2, a3, c00, c01, c02, c03, x_bf16)
+        c00, c01, c02, c03 = _group_packed(
+            xp, gi, col, a0, a1, a2, a3, c00, c01, c02, c03, x_bf16, kq, sc
+        )
         if groups > 1:
             c10, c11, c12, c13 = _group_packed(
-                xp, gi + 1, col, a0, a1, a2, a3, c10, c11, c12, c13, x_bf16
+                xp, gi + 1, col, a0, a1, a2, a3, c10, c11, c12, c13, x_bf16, kq, sc
             )
         if groups > 2:
             c20, c21, c22, c23 = _group_packed(
-                xp, gi + 2, col, a0, a1, a2, a3, c20, c21, c22, c23, x_bf16
+                xp, gi + 2, col, a0, a1, a2, a3, c20, c21, c22, c23, x_bf16, kq, sc
             )
         if groups > 3:
             c30, c31, c32, c33 = _group_packed(
-                xp, gi + 3, col, a0, a1, a2, a3, c30, c31, c32, c33, x_bf16
+                xp, gi + 3, col, a0, a1, a2, a3, c30, c31, c32, c33, x_bf16, kq, sc
+            )
+    elif kq:
+        k = kt * 16 + 2 * (lane % 4)
+        c00, c01, c02, c03 = _group_kq(
+            x, r0, k, a0, a1, a2, a3, c00, c01, c02, c03, x_bf16, norm, nw, inv, kq, sc
+        )
+        if groups > 1:
+            c10, c11, c12, c13 = _group_kq(
+                x, r1, k, a0, a1, a2, a3, c10, c11, c12, c13, x_bf16, False, nw, inv, kq, sc
+            )
+        if groups > 2:
+            c20, c21, c22, c23 = _group_kq(
+                x, r2, k, a0, a1, a2, a3, c20, c21, c22, c23, x_bf16, False, nw, inv, kq, sc
+            )
+        if groups > 3:
+            c30, c31, c32, c33 = _group_kq(
+                x, r3, k, a0, a1, a2, a3, c30, c31, c32, c33, x_bf16, False, nw, inv, kq, sc
             )
     else:
         k = kt * 16 + 2 * (lane % 4)
@@ -271,12 +395,16 @@ def _linear_mma_block(
     accumulate,
     fp8,
     scale,
+    kq,
+    kscale,
 ):
     """One block's work (module docstring); warps, one_group, x_bf16, swiglu, norm,
-    accumulate and fp8 are constants of the calling kernel, so once inlined the loop strides
-    are too, with one_group (M <= 8) the other groups' code folds away and with x_bf16 the
-    second mma. partial: shared [min(warps, PARTIAL_ROWS), 16, 32]. swiglu, norm (one_group
-    only), accumulate: see _linear_mma. fp8: W holds e4m3 codes, scale its rows' scales."""
+    accumulate, fp8 and kq are constants of the calling kernel, so once inlined the loop
+    strides are too, with one_group (M <= 8) the other groups' code folds away and with x_bf16
+    the second mma. partial: shared [min(warps, PARTIAL_ROWS), 16, 32]. swiglu, norm
+    (one_group only), accumulate: see _linear_mma. fp8: W holds e4m3 codes, scale its rows'
+    scales. kq: W holds K-quant codes of that type, kscale their scale records (any uint32 2-D
+    array otherwise, never read)."""
     M, K = x.shape
     lane = cuda.threadIdx.x % 32
     warp = cuda.threadIdx.x // 32
@@ -294,15 +422,15 @@ def _linear_mma_block(
     z = np.float32(0.0)
     acc = (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
     last = K // 16 - 1  # x has no padding: padded tiles read its last tile (times zeros)
-    ntiles = packed.shape[1] // (FP8_TILE_WORDS if fp8 else TILE_WORDS)
+    ntiles = packed.shape[1] // _words(fp8, kq)
     stride = warps * UNROLL  # UNROLL tiles a trip
     # Before the loop: the first trip's tiles (one_group; the other kernel drops these unused
     # loads). Each is one device-function call, inlined on the GPU (numba's simulator makes
     # every call a locked swap of module globals: the fewer, the faster it runs there).
-    f0 = _fragment(packed, nt, warp, lane, fp8)
-    f1 = _fragment(packed, nt, warp + warps, lane, fp8)
-    f2 = _fragment(packed, nt, warp + 2 * warps, lane, fp8)
-    f3 = _fragment(packed, nt, warp + 3 * warps, lane, fp8)
+    f0 = _fragment_of(packed, nt, warp, lane, fp8, kq)
+    f1 = _fragment_of(packed, nt, warp + warps, lane, fp8, kq)
+    f2 = _fragment_of(packed, nt, warp + 2 * warps, lane, fp8, kq)
+    f3 = _fragment_of(packed, nt, warp + 3 * warps, lane, fp8, kq)
     inv = np.float32(0.0)
     if norm:  # this lane's token's, one row at a time; the loads above are in flight meanwhile
         scratch = cuda.shared.array(MAX_WARPS, float32)
@@ -313,66 +441,31 @@ def _linear_mma_block(
     for kt in range(warp, ntiles, stride):
         if one_group:  # the next trip's tiles (this trip's again on the last trip)
             nk = kt + stride if kt + stride < ntiles else kt
-            n0 = _fragment(packed, nt, nk, lane, fp8)
-            n1 = _fragment(packed, nt, nk + warps, lane, fp8)
-            n2 = _fragment(packed, nt, nk + 2 * warps, lane, fp8)
-            n3 = _fragment(packed, nt, nk + 3 * warps, lane, fp8)
+            n0 = _fragment_of(packed, nt, nk, lane, fp8, kq)
+            n1 = _fragment_of(packed, nt, nk + warps, lane, fp8, kq)
+            n2 = _fragment_of(packed, nt, nk + 2 * warps, lane, fp8, kq)
+            n3 = _fragment_of(packed, nt, nk + 3 * warps, lane, fp8, kq)
         else:  # no registers to spare: load this trip's tiles now
-            f0 = _fragment(packed, nt, kt, lane, fp8)
-            f1 = _fragment(packed, nt, kt + warps, lane, fp8)
-            f2 = _fragment(packed, nt, kt + 2 * warps, lane, fp8)
-            f3 = _fragment(packed, nt, kt + 3 * warps, lane, fp8)
+            f0 = _fragment_of(packed, nt, kt, lane, fp8, kq)
+            f1 = _fragment_of(packed, nt, kt + warps, lane, fp8, kq)
+            f2 = _fragment_of(packed, nt, kt + 2 * warps, lane, fp8, kq)
+            f3 = _fragment_of(packed, nt, kt + 3 * warps, lane, fp8, kq)
         acc = _tile(
-            x, xp, prepacked, g0, groups, rows, imin(kt, last), lane, f0, acc, x_bf16, norm, nw, inv
-        )
+            x, xp, prepacked, g0, groups, rows, kt, last, lane, f0, acc, x_bf16, norm, nw, inv,
+            kq, kscale, nt,
+        )  # fmt: skip
         acc = _tile(
-            x,
-            xp,
-            prepacked,
-            g0,
-            groups,
-            rows,
-            imin(kt + warps, last),
-            lane,
-            f1,
-            acc,
-            x_bf16,
-            norm,
-            nw,
-            inv,
-        )
+            x, xp, prepacked, g0, groups, rows, kt + warps, last, lane, f1, acc, x_bf16, norm,
+            nw, inv, kq, kscale, nt,
+        )  # fmt: skip
         acc = _tile(
-            x,
-            xp,
-            prepacked,
-            g0,
-            groups,
-            rows,
-            imin(kt + 2 * warps, last),
-            lane,
-            f2,
-            acc,
-            x_bf16,
-            norm,
-            nw,
-            inv,
-        )
+            x, xp, prepacked, g0, groups, rows, kt + 2 * warps, last, lane, f2, acc, x_bf16,
+            norm, nw, inv, kq, kscale, nt,
+        )  # fmt: skip
         acc = _tile(
-            x,
-            xp,
-            prepacked,
-            g0,
-            groups,
-            rows,
-            imin(kt + 3 * warps, last),
-            lane,
-            f3,
-            acc,
-            x_bf16,
-            norm,
-            nw,
-            inv,
-        )
+            x, xp, prepacked, g0, groups, rows, kt + 3 * warps, last, lane, f3, acc, x_bf16,
+            norm, nw, inv, kq, kscale, nt,
+        )  # fmt: skip
         if one_group:
             f0, f1, f2, f3 = n0, n1, n2, n3
     # The partials are added in warp order, `per_round` warps at a time: the block's 512
@@ -426,15 +519,44 @@ def _linear_mma_block(
                     out[tok, 8 * nt + src // 4] = silu_mul(s, u)
 
 
-def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False, fp8=False):
+def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False, fp8=False, kq=0):
     """A kernel running _linear_mma_block with these constants (decode kernels, one_group,
     split x themselves: prepacked is ignored there). FP8 kernels take the rows' scales as one
-    argument more; the bf16 ones pass bias in its place, never read (an array argument costs a
-    launch from Python time)."""
+    argument more, K-quant ones (kq, a QType) their scale records; the bf16 ones pass bias and
+    packed in their places, never read (an array argument costs a launch from Python time)."""
     registers = _WIDE_REGISTERS if warps == WIDE_WARPS else _REGISTERS
     rows = min(warps, PARTIAL_ROWS)
 
-    if fp8:
+    if kq:
+
+        @cuda.jit(cache=True, **registers)
+        def kernel(x, xp, prepacked, packed, bias, has_bias, out, nw, eps, kscale):
+            grid_dependency_sync()
+            partial = cuda.shared.array((rows, 16, 32), float32)
+            _linear_mma_block(
+                x,
+                xp,
+                prepacked and not one_group,
+                packed,
+                bias,
+                has_bias,
+                out,
+                partial,
+                warps,
+                one_group,
+                x_bf16,
+                swiglu,
+                norm,
+                nw,
+                eps,
+                accumulate,
+                False,
+                bias,
+                kq,
+                kscale,
+            )
+
+    elif fp8:
 
         @cuda.jit(cache=True, **registers)
         def kernel(x, xp, prepacked, packed, bias, has_bias, out, nw, eps, scale):
@@ -459,6 +581,8 @@ def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False
                 accumulate,
                 fp8,
                 scale,
+                0,
+                packed,
             )
 
     else:
@@ -486,23 +610,25 @@ def _block_kernel(warps, one_group, x_bf16, swiglu, norm=False, accumulate=False
                 accumulate,
                 fp8,
                 bias,
+                0,
+                packed,
             )
 
     return kernel
 
 
-# (wide, one_group, x_bf16, swiglu, norm, accumulate, fp8) -> kernel; each compiles on its
+# (wide, one_group, x_bf16, swiglu, norm, accumulate, fp8, kq) -> kernel; each compiles on its
 # first launch. norm and accumulate come with one_group only (_linear_mma), and not together.
 _KERNELS = {
-    (wide, one_group, x_bf16, swiglu, norm, accumulate, fp8): _block_kernel(
-        WIDE_WARPS if wide else WARPS, one_group, x_bf16, swiglu, norm, accumulate, fp8
+    (wide, one_group, x_bf16, swiglu, norm, accumulate, fp8, kq): _block_kernel(
+        WIDE_WARPS if wide else WARPS, one_group, x_bf16, swiglu, norm, accumulate, fp8, kq
     )
     for wide in (False, True)
     for one_group in (False, True)
     for x_bf16 in (False, True)
     for swiglu in (False, True)
     for norm, accumulate in ((False, False), (True, False), (False, True))
-    for fp8 in (False, True)
+    for fp8, kq in ((False, 0), (True, 0), *((False, q) for q in KQ_TYPES))
     if one_group or not (norm or accumulate)
     if not (swiglu and accumulate)
 }
@@ -574,18 +700,41 @@ def split_x(x, x_scratch, *, x_bf16: bool, stream=0):
     return xp
 
 
+def check_out(op: str, out) -> None:
+    """out: a float32 2-D device array, C-contiguous or a slice of one's columns (a part of
+    matmul.MixedRows writing its columns of the step's buffer: the kernels index out by its
+    strides)."""
+    if (
+        is_device_array(out)
+        and out.dtype == np.float32
+        and len(out.shape) == 2
+        and out.strides[1] == 4
+        and out.strides[0] >= 4 * out.shape[1]
+    ):
+        return
+    check(op, "out", out, np.float32, 2)
+
+
+def check_scales(op: str, w: PackedBF16) -> None:
+    """W's packed data and its FP8 row scales or K-quant scale records fit its shape."""
+    check(op, "packed W", w.data, np.uint32, 2, packed_shape(w.n, w.k, w.fp8, w.kq))
+    if w.fp8:
+        check(op, "FP8 row scales", w.scale, np.float32, 1, (w.n,))
+    elif w.kq:
+        tiles = w.data.shape[1] // w.words
+        check(op, "K-quant scales", w.scale, np.uint32, 2, scale_shape(w.n, tiles, w.kq))
+
+
 def check_split_step(op: str, xp, w: PackedBF16, out, bias, *, swiglu=False):
     """The checks of a kernel that reads x split by split_x (xp) and W packed by pack_bf16:
     shapes, dtypes, 16-byte alignment; returns the bias to pass (a placeholder when absent).
     swiglu: out holds silu(gate) * up, half of W's rows wide."""
-    check(op, "out", out, np.float32, 2)
+    check_out(op, out)
     m, n = out.shape[0], out.shape[1] * (2 if swiglu else 1)
     if n != w.n:
         raise ValueError(f"{op}: out {out.shape} does not fit W [{w.n}, {w.k}]")
     check(op, "xp", xp, np.uint32, 2, (-(-m // 8), (4 if w.x_bf16 else 8) * w.k))
-    check(op, "packed W", w.data, np.uint32, 2, packed_shape(n, w.k, w.fp8))
-    if w.fp8:
-        check(op, "FP8 row scales", w.scale, np.float32, 1, (n,))
+    check_scales(op, w)
     if not aligned(w.data, 16) or not aligned(xp, 16):
         raise ValueError(f"{op}: packed W and xp must start on a 16-byte boundary")
     if bias is None:
@@ -622,7 +771,7 @@ def linear_mma(
     rms_norm(..., residual=) does next, same bits). The rows are summed one after another, a
     trip to memory and a block reduction each: the forward folds one-token steps only."""
     check("linear_mma", "x", x, np.float32, 2)
-    check("linear_mma", "out", out, np.float32, 2)
+    check_out("linear_mma", out)
     m, k = x.shape
     n = out.shape[1] * (2 if swiglu else 1)
     if out.shape[0] != m or (n, k) != (w.n, w.k):
@@ -630,9 +779,7 @@ def linear_mma(
     if not aligned(x, 8):
         raise ValueError("linear_mma: x must start on an 8-byte boundary (64-bit loads)")
     packed = w.data
-    check("linear_mma", "packed W", packed, np.uint32, 2, packed_shape(n, k, w.fp8))
-    if w.fp8:
-        check("linear_mma", "FP8 row scales", w.scale, np.float32, 1, (n,))
+    check_scales("linear_mma", w)
     if not aligned(packed, 16):
         raise ValueError("linear_mma: packed W must start on a 16-byte boundary")
     if bias is not None:
@@ -662,6 +809,6 @@ def linear_mma(
         xp = placeholder(np.uint32, 2)
     grid = (-(-m // TOKENS), n // 16)
     # m <= 8: one token group
-    kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16, swiglu, norm, accumulate, w.fp8]
+    kernel = _KERNELS[w.slices != WARPS, m <= 8, w.x_bf16, swiglu, norm, accumulate, w.fp8, w.kq]
     args = (x, xp, prepacked, packed, bias, has_bias, out, nw, np.float32(eps))
-    kernel[grid, w.slices * 32, stream](*args, *((w.scale,) if w.fp8 else ()))
+    kernel[grid, w.slices * 32, stream](*args, *(() if w.scale is None else (w.scale,)))

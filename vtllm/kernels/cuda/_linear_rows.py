@@ -28,10 +28,13 @@ another in slice order. Then the bias, and with swiglu _linear_mma's SwiGLU epil
 FP8 W (_fp8.pack_fp8): a ring stage holds its 64-word tiles (16 chunks of 16 bytes each, two
 tiles a pass of the warp's copies); each A fragment is converted to bf16 as it leaves shared
 memory (_ptx.e4m3x4_to_bf16x4), and each sum is multiplied by its row's scale before the bias,
-as _linear_mma does: the same bits.
+as _linear_mma does: the same bits. K-quant W (_kquant_pack): a stage holds its 32- or 64-word
+code tiles; the codes become bf16 as they leave shared memory (kq_fragment_shared) and each
+tile's products go in by kq_apply's steps with each row tile's scales (read from global
+memory, kq_scales), x's sums over the tile once a token group (kq_sums): the same bits.
 
 Over 400 lines: one kernel whose ring protocol (copies, waits, the pass loop) must stay beside
-its bf16 and FP8 stage layouts and its launcher's geometry, which change together.
+its bf16, FP8 and K-quant stage layouts and its launcher's geometry, which change together.
 """
 
 import numpy as np
@@ -39,6 +42,14 @@ from numba import cuda, float32, uint32
 
 from vtllm.kernels.cuda._device import SIMULATOR, imin, sync_warp
 from vtllm.kernels.cuda._host import allow_dynamic_shared
+from vtllm.kernels.cuda._kquant_pack import (
+    KQ_TYPES,
+    NIBBLE_TILE_WORDS,
+    kq_apply,
+    kq_fragment_shared,
+    kq_scales,
+    kq_sums,
+)
 from vtllm.kernels.cuda._linear_mma import (
     FP8_TILE_WORDS,
     TILE_WORDS,
@@ -49,6 +60,7 @@ from vtllm.kernels.cuda._linear_mma import (
     X_BF16_TILE_WORDS,
     PackedBF16,
     check_split_step,
+    words_of,
 )
 from vtllm.kernels.cuda._ptx import (
     copy_async_commit,
@@ -78,15 +90,15 @@ SUMS = 16 * 32 // THREADS  # a row tile's running sums a thread holds
 _WAIT_OLDEST = copy_async_waiter(STAGES - 1)  # the oldest of STAGES copy groups has landed
 
 
-def _stage_words(x_bf16: bool, rows: int, fp8: bool = False) -> int:
+def _stage_words(x_bf16: bool, rows: int, fp8: bool = False, kq: int = 0) -> int:
     """A ring stage: `rows` tiles of W, then GROUPS x tiles (_copy_tile's layout)."""
-    w_words = FP8_TILE_WORDS if fp8 else TILE_WORDS
+    w_words = words_of(fp8, kq)
     return rows * w_words + GROUPS * (X_BF16_TILE_WORDS if x_bf16 else TILE_WORDS)
 
 
-def shared_bytes(x_bf16: bool, rows: int = ROWS, fp8: bool = False) -> int:
+def shared_bytes(x_bf16: bool, rows: int = ROWS, fp8: bool = False, kq: int = 0) -> int:
     """Dynamic shared memory a block: the warps' rings; the partials reuse them after."""
-    return 4 * max(WARPS * STAGES * _stage_words(x_bf16, rows, fp8), WARPS * 16 * 32)
+    return 4 * max(WARPS * STAGES * _stage_words(x_bf16, rows, fp8, kq), WARPS * 16 * 32)
 
 
 def row_tiles_for(m: int, n: int) -> int:
@@ -95,20 +107,31 @@ def row_tiles_for(m: int, n: int) -> int:
     return WIDE_ROWS if wide else ROWS
 
 
-def _kernels_for(rows: int, fp8: bool) -> dict:
-    """The kernels for blocks of `rows` row tiles of W, bf16 or FP8 (constants of their code),
-    by (x_bf16, swiglu)."""
-    # register arrays (numba needs their sizes as plain constants): a K tile's W fragments,
-    # and the accumulators of rows x GROUPS mma outputs; the block's running sums
+def _kernels_for(rows: int, fp8: bool, kq: int = 0) -> dict:
+    """The kernels for blocks of `rows` row tiles of W, bf16, FP8 or K-quant of type kq
+    (constants of their code), by (x_bf16, swiglu)."""
+    # register arrays (numba needs their sizes as plain constants): a K tile's W fragments
+    # (and K-quant scales), and the accumulators of rows x GROUPS mma outputs; the block's
+    # running sums
     a_frags, acc_size, all_sums = 4 * rows, 4 * rows * GROUPS, rows * SUMS
-    w_words = FP8_TILE_WORDS if fp8 else TILE_WORDS  # a tile of W, packed
+    w_words = words_of(fp8, kq)  # a tile of W, packed
 
     @cuda.jit(device=True)
     def _copy_tile(ring, at, packed, xp, nt0, last_tile, g0, groups, kt, last_x, lane, x_bf16):
         """K tile kt's `rows` tiles of W from row tile nt0 and x groups g0 .. g0 + groups - 1
         (x's tile min(kt, last_x): x has no padding, W's padded tiles are zeros) into the ring
         stage at ring[at ..], each lane copying 16-byte chunks."""
-        if fp8:  # 16 chunks a 64-word tile: two tiles a pass of the warp (rows is even)
+        if w_words == NIBBLE_TILE_WORDS:  # 8 chunks a tile: four tiles a pass (rows <= 4)
+            i = lane // 8
+            if i < rows:
+                copy_async16_to(
+                    ring,
+                    at + i * NIBBLE_TILE_WORDS + 4 * (lane % 8),
+                    packed,
+                    imin(nt0 + i, last_tile),
+                    kt * NIBBLE_TILE_WORDS + 4 * (lane % 8),
+                )
+        elif w_words == FP8_TILE_WORDS:  # 16 chunks a tile: two tiles a pass (rows is even)
             col = kt * FP8_TILE_WORDS + 4 * (lane % 16)
             for u in range(rows // 2):
                 i = 2 * u + lane // 16
@@ -146,11 +169,20 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
                     )
 
     @cuda.jit(device=True)
-    def _mmas(ring, at, lane, groups, acc, x_bf16):
-        """acc += this K tile's products from the ring stage at ring[at ..]."""
+    def _mmas(ring, at, lane, groups, acc, x_bf16, kscale, nt0, last_tile, kt, last_x):
+        """acc += this K tile's (kt's) products from the ring stage at ring[at ..]; K-quant W:
+        each row tile's scales from kscale (_kquant_pack)."""
         a = cuda.local.array(a_frags, uint32)
+        sc = cuda.local.array(a_frags, float32)
         for i in range(rows):
-            if fp8:  # this lane's 8 codes, to bf16 in registers
+            if kq:  # this lane's codes, to bf16 in registers, and its rows' scales
+                a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3] = kq_fragment_shared(
+                    ring, at + i * w_words, lane, kq
+                )
+                sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3] = kq_scales(
+                    kscale, imin(nt0 + i, last_tile), kt, lane, kq
+                )
+            elif fp8:  # this lane's 8 codes, to bf16 in registers
                 w0, w1 = shared_u32x2(ring, at + i * FP8_TILE_WORDS + 2 * lane)
                 a[4 * i], a[4 * i + 1] = e4m3x4_to_bf16x4(w0)
                 a[4 * i + 2], a[4 * i + 3] = e4m3x4_to_bf16x4(w1)
@@ -166,9 +198,19 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
                     l0, l1 = h0, h1  # unused
                 else:
                     h0, h1, l0, l1 = shared_u32x4(ring, at + j * TILE_WORDS + 4 * lane)
+                if kq:  # x's sums over the tile, once for the row tiles
+                    u = kq_sums(h0, h1, l0, l1, x_bf16, kq)
                 for i in range(rows):
                     a0, a1, a2, a3 = a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]
                     c = 4 * (i * GROUPS + j)
+                    if kq:
+                        s = (sc[4 * i], sc[4 * i + 1], sc[4 * i + 2], sc[4 * i + 3])
+                        acc[c], acc[c + 1], acc[c + 2], acc[c + 3] = kq_apply(
+                            a0, a1, a2, a3, h0, h1, l0, l1,
+                            acc[c], acc[c + 1], acc[c + 2], acc[c + 3],
+                            x_bf16, kq, s, u,
+                        )  # fmt: skip
+                        continue
                     c0, c1, c2, c3 = mma_bf16(
                         a0, a1, a2, a3, h0, h1, acc[c], acc[c + 1], acc[c + 2], acc[c + 3]
                     )
@@ -194,6 +236,7 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
         lane,
         acc,
         x_bf16,
+        kscale,
     ):
         """acc = this warp's products over slice v of K (tiles v, v + slices, .., trips of them),
         summed from +0 in order, the tiles streamed through the warp's ring."""
@@ -238,7 +281,10 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
             copy_async_commit()  # (an empty group past the end keeps the count)
             _WAIT_OLDEST()  # tile t's copies, this lane's, have landed
             sync_warp()  # and the other lanes' (x_bf16 lanes read chunks others copied)
-            _mmas(ring, ring_at + here * stage_words, lane, groups, acc, x_bf16)
+            _mmas(
+                ring, ring_at + here * stage_words, lane, groups, acc, x_bf16,
+                kscale, nt0, last_tile, v + t * slices, last_x,
+            )  # fmt: skip
             ahead = ahead + 1 if ahead + 1 < STAGES else 0
             here = here + 1 if here + 1 < STAGES else 0
 
@@ -258,6 +304,7 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
         x_bf16,
         swiglu,
         scale,
+        kscale,
     ):
         M, N = out.shape
         if swiglu:
@@ -294,6 +341,7 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
                 lane,
                 acc,
                 x_bf16,
+                kscale,
             )
             cuda.syncthreads()  # every warp is done with its ring: the partials reuse the memory
             for i in range(rows):
@@ -339,10 +387,38 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
     def _rows_kernel(x_bf16, swiglu):
         """The kernel for W packed with or without x_bf16 (a constant: the lo mma folds away),
         with or without the SwiGLU epilogue. FP8 kernels take the rows' scales as one argument
-        more (bf16 ones pass bias in its place, never read: _linear_mma says why)."""
-        stage_words = _stage_words(x_bf16, rows, fp8)
+        more, K-quant ones their scale records (bf16 ones pass bias and packed in their places,
+        never read: _linear_mma says why)."""
+        stage_words = _stage_words(x_bf16, rows, fp8, kq)
 
-        if fp8:
+        if kq:
+
+            @cuda.jit(cache=True, **_REGISTERS)
+            def kernel(xp, packed, bias, has_bias, out, slices, kscale):
+                grid_dependency_sync()
+                ring = cuda.shared.array(0, uint32)  # dynamic: the rings, then the partials
+                partial = cuda.shared.array(0, float32)
+                acc = cuda.local.array(acc_size, float32)  # registers: constant indices
+                sums = cuda.local.array(all_sums, float32)
+                _rows_block(
+                    xp,
+                    packed,
+                    bias,
+                    has_bias,
+                    out,
+                    slices,
+                    ring,
+                    partial,
+                    acc,
+                    sums,
+                    stage_words,
+                    x_bf16,
+                    swiglu,
+                    bias,
+                    kscale,
+                )
+
+        elif fp8:
 
             @cuda.jit(cache=True, **_REGISTERS)
             def kernel(xp, packed, bias, has_bias, out, slices, scale):
@@ -366,6 +442,7 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
                     x_bf16,
                     swiglu,
                     scale,
+                    packed,
                 )
 
         else:
@@ -392,6 +469,7 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
                     x_bf16,
                     swiglu,
                     bias,
+                    packed,
                 )
 
         return kernel
@@ -403,8 +481,13 @@ def _kernels_for(rows: int, fp8: bool) -> dict:
     }
 
 
-# (rows, fp8) -> (x_bf16, swiglu) -> kernel; each compiles on its first launch
-_KERNELS = {(rows, fp8): _kernels_for(rows, fp8) for rows in (ROWS, WIDE_ROWS) for fp8 in (0, 1)}
+# (rows, W's type: 0 bf16, 1 FP8, else the K-quant QType) -> (x_bf16, swiglu) -> kernel; each
+# compiles on its first launch
+_KERNELS = {
+    (rows, wt): _kernels_for(rows, wt == 1, 0 if wt < 2 else wt)
+    for rows in (ROWS, WIDE_ROWS)
+    for wt in (0, 1, *KQ_TYPES)
+}
 
 
 def rows_pay(m: int, n: int) -> bool:
@@ -424,9 +507,9 @@ def linear_rows(xp, w: PackedBF16, out, *, bias=None, swiglu=False, rows=0, stre
         return
     rows = rows or row_tiles_for(m, n)
     grid = (-(-m // TOKENS), -(-(n // 16) // rows))
-    kernel = _KERNELS[rows, w.fp8][w.x_bf16, swiglu]
-    args = (xp, w.data, bias, has_bias, out, w.slices, *((w.scale,) if w.fp8 else ()))
-    nbytes = shared_bytes(w.x_bf16, rows, w.fp8)
+    kernel = _KERNELS[rows, w.kq or int(w.fp8)][w.x_bf16, swiglu]
+    args = (xp, w.data, bias, has_bias, out, w.slices, *(() if w.scale is None else (w.scale,)))
+    nbytes = shared_bytes(w.x_bf16, rows, w.fp8, w.kq)
     allow_dynamic_shared(kernel, args, nbytes)
     kernel[grid, THREADS, stream, nbytes](*args)
 

@@ -37,6 +37,15 @@
       one `mul.rn.f32` by 2^120 (subnormal inputs are exact without .ftz) and the upper halves
       of two results make a bf16 pair. The FP8 weights of _linear_mma, _linear_rows and
       _gemm_mma go through it to become mma A fragments.
+  load_u32(a, row, col): the uint32 a[row, col] by the same streaming load, 32 bits.
+  codes4_bf16x4(w, neg): eight 4-bit codes of uint32 w as four uint32 of bf16 pairs (register
+      r's halves: the nibbles at bits 4 r and 16 + 4 r), each code u becoming u - o exactly,
+      where neg is the bf16 pair (-128 - o, -128 - o): register r is
+      ((w >> 4 r) & 0x000F000F) | 0x43004300 (bf16 128 + u, u < 128) and one `fma.rn.bf16x2`
+      by 1.0 adds neg (a small integer result: exact). codes8_bf16x4(w0, w1, neg): the same
+      for eight byte codes (below 128) in FP8's order (byte 2 r + h of w0, w1: register r's
+      half h), `prmt` placing each byte under 0x43. The K-quant weights of _linear_mma,
+      _linear_rows and _gemm_mma become A fragments through them (_kquant_pack).
   mul_rn(a, b): float32 a * b rounded once and never fused with a later add into an fma
       (`mul.rn.f32`: an explicit rounding mode keeps the optimizer's hands off), so that an FP8
       row's scale times its sum gives the same bits in every kernel whatever follows it.
@@ -56,6 +65,9 @@ numba's simulator has no inline PTX: there the loads are plain indexing and the 
 computed in float64 from the whole warp's fragments, exchanged through the block like the
 simulator's warp reductions (so every thread of a block must call it the same number of
 times: keep calls in block-uniform control flow).
+
+Over 400 lines: each intrinsic's PTX sits beside its simulator stand-in, which must give the
+same values, and the two change together.
 """
 
 import numpy as np
@@ -127,6 +139,26 @@ if SIMULATOR:
         lo = t[w & 0xFF] | (t[(w >> 8) & 0xFF] << 16)
         hi = t[(w >> 16) & 0xFF] | (t[(w >> 24) & 0xFF] << 16)
         return np.uint32(lo), np.uint32(hi)
+
+    def load_u32(a, row, col):
+        return a[row, col]
+
+    def _codes_bf16(codes, neg):
+        """bf16 pairs of 128 + code + neg's value, per register (exact small integers)."""
+        off = 128.0 + _bf16(int(neg) & 0xFFFF)
+        regs = [
+            _round_bf16(codes[2 * r] + off) | (_round_bf16(codes[2 * r + 1] + off) << 16)
+            for r in range(4)
+        ]
+        return tuple(np.uint32(v) for v in regs)
+
+    def codes4_bf16x4(w, neg):
+        w = int(w)
+        return _codes_bf16([(w >> (4 * (i // 2) + 16 * (i % 2))) & 15 for i in range(8)], neg)
+
+    def codes8_bf16x4(w0, w1, neg):
+        b = int(w0) | (int(w1) << 32)
+        return _codes_bf16([(b >> (8 * i)) & 0xFF for i in range(8)], neg)
 
     def mul_rn(a, b):
         return np.float32(np.float32(a) * np.float32(b))
@@ -375,5 +407,69 @@ else:
             vals = _cast_all(context, builder, args, sig.args, types.float32)
             fnty = ir.FunctionType(_F32, [_F32] * 2)
             return builder.call(ir.InlineAsm(fnty, "mul.rn.f32 $0, $1, $2;", "=f,f,f"), vals)
+
+        return sig, codegen
+
+    @intrinsic
+    def load_u32(typingctx, a, row, col):
+        sig = types.uint32(a, row, col)
+
+        def codegen(context, builder, sig, args):
+            ptr = _item_pointer(context, builder, sig, args)
+            fnty = ir.FunctionType(_I32, [ptr.type])
+            text = "ld.global.nc.L1::no_allocate.u32 $0, [$1];"
+            return builder.call(ir.InlineAsm(fnty, text, "=r,l"), [ptr])
+
+        return sig, codegen
+
+    _ONE_BF16X2 = "0x3F803F80"
+
+    def _codes4_steps() -> str:
+        """PTX of codes4_bf16x4 ($0 .. $3 out, $4 the codes, $5 neg)."""
+        lines = [f"{{ .reg .b32 t, one; mov.b32 one, {_ONE_BF16X2};"]
+        for r in range(4):
+            lines += [
+                f"shr.b32 t, $4, {4 * r};",
+                "and.b32 t, t, 0x000F000F;",
+                "or.b32 t, t, 0x43004300;",
+                f"fma.rn.bf16x2 ${r}, t, one, $5;",
+            ]
+        return " ".join(lines) + " }"
+
+    def _codes8_steps() -> str:
+        """PTX of codes8_bf16x4 ($0 .. $3 out, $4 $5 the codes, $6 neg)."""
+        lines = [f"{{ .reg .b32 t, c, one; mov.b32 c, 0x43; mov.b32 one, {_ONE_BF16X2};"]
+        for r in range(4):
+            lines += [
+                f"prmt.b32 t, ${4 + r // 2}, c, {'0x4140' if r % 2 == 0 else '0x4342'};",
+                f"fma.rn.bf16x2 ${r}, t, one, $6;",
+            ]
+        return " ".join(lines) + " }"
+
+    _CODES4_PTX, _CODES8_PTX = _codes4_steps(), _codes8_steps()
+
+    @intrinsic
+    def codes4_bf16x4(typingctx, w, neg):
+        sig = types.UniTuple(types.uint32, 4)(w, neg)
+
+        def codegen(context, builder, sig, args):
+            vals = _cast_all(context, builder, args, sig.args, types.uint32)
+            constraints = "=r,=r,=r,=r,r,r"
+            return _asm_tuple(
+                context, builder, sig, _CODES4_PTX, constraints, _I32, [_I32] * 2, vals
+            )
+
+        return sig, codegen
+
+    @intrinsic
+    def codes8_bf16x4(typingctx, w0, w1, neg):
+        sig = types.UniTuple(types.uint32, 4)(w0, w1, neg)
+
+        def codegen(context, builder, sig, args):
+            vals = _cast_all(context, builder, args, sig.args, types.uint32)
+            constraints = "=r,=r,=r,=r,r,r,r"
+            return _asm_tuple(
+                context, builder, sig, _CODES8_PTX, constraints, _I32, [_I32] * 3, vals
+            )
 
         return sig, codegen

@@ -1,7 +1,9 @@
 """The CUDA runner on a tiny model stored as a GGUF K-quant mix stores it: q and k in Q4_K, v in
-Q6_K (one qkv buffer filled by three GEMVs, matmul.MixedRows), gate in Q4_K beside up in Q5_K,
-the embedding in Q4_K and the head in Q6_K. Its logits agree with the CPU runner's, which
-decodes the same blocks exactly (the steps of test_cuda_forward_sim)."""
+Q6_K (one qkv buffer, matmul.MixedRows: each part on the tensor cores writes its columns), gate
+in Q4_K beside up in Q5_K, the embedding in Q4_K (its GEMV lookup) and the head in Q6_K. Its
+logits agree with the CPU runner's, which decodes the same blocks exactly (the steps of
+test_cuda_forward_sim). The tensor-core path takes x as hi + lo bf16 (about 2^-17 relative)
+where the GEMV took float32 x: still far inside the bound below, which stays as it was."""
 
 import dataclasses
 import json

@@ -95,7 +95,9 @@ def main():
             if k % block_layout(qtype)[0] == 0:
                 rows = random_blocks(rng, qtype, n, k)
                 raw = cuda.to_device(rows, stream=stream)
-                packed = upload_matrix(rows, qtype, (n, k), x_bf16=args.x_bf16, stream=stream)
+                packed = upload_matrix(
+                    rows, qtype, (n, k), x_bf16=args.x_bf16, kquant=True, stream=stream
+                )
                 weights[tname] = (qtype, raw, packed if packed.packed else None)
         for m in ms:
             x = cuda.to_device(rng.standard_normal((m, k)).astype(np.float32), stream=stream)

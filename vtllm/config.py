@@ -220,6 +220,14 @@ KNOBS = (
         "warpgroup mma: an sm_90 GPU and matmul_input_dtype bfloat16; experimental)",
         choices=("mma", "wgmma"),
     ),
+    Knob(
+        "cuda_kquant_tensor_cores",
+        "bool",
+        False,
+        "GGUF K-quant matrices (Q2_K .. Q6_K, K a multiple of 256) on the tensor cores at every "
+        "step size, codes exact and scaled per tile (much faster batches and prompts); off: "
+        "their GEMV kernels (experimental until measured on a card)",
+    ),
     Knob("host", "str", "127.0.0.1", "address the HTTP server binds"),
     Knob("port", "int", 8000, "port the HTTP server binds", 0, 65535),
     Knob("max_body_bytes", "bytes", 4 << 20, "largest request body", 1024, 1 << 30),
@@ -341,6 +349,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     cuda_split_attention_rows: int = 0
     cuda_flash_prefill: bool = False
     cuda_prefill_gemm: str = "mma"
+    cuda_kquant_tensor_cores: bool = False
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 4 << 20
@@ -578,6 +587,7 @@ FLAG_GROUPS = (
             "cuda_split_attention_rows",
             "cuda_flash_prefill",
             "cuda_prefill_gemm",
+            "cuda_kquant_tensor_cores",
         ),
     ),
     (

@@ -1,9 +1,10 @@
 """The CUDA runner on a tiny model stored as a GGUF K-quant mix stores it: q and k in Q4_K, v in
-Q6_K (one qkv buffer, matmul.MixedRows: each part on the tensor cores writes its columns), gate
-in Q4_K beside up in Q5_K, the embedding in Q4_K (its GEMV lookup) and the head in Q6_K. Its
-logits agree with the CPU runner's, which decodes the same blocks exactly (the steps of
-test_cuda_forward_sim). The tensor-core path takes x as hi + lo bf16 (about 2^-17 relative)
-where the GEMV took float32 x: still far inside the bound below, which stays as it was."""
+Q6_K (one qkv buffer, matmul.MixedRows: each part writes its columns), gate in Q4_K beside up in
+Q5_K, the embedding in Q4_K (its GEMV lookup) and the head in Q6_K. Its logits agree with the
+CPU runner's, which decodes the same blocks exactly (the steps of test_cuda_forward_sim), with
+the matrices on their GEMVs and on the tensor cores (cuda_kquant_tensor_cores). The tensor-core
+path takes x as hi + lo bf16 (about 2^-17 relative) where the GEMV takes float32 x: still far
+inside the bound below."""
 
 import dataclasses
 import json
@@ -54,9 +55,10 @@ def loaded(tmp_path_factory):
 # ~8 minutes of the simulator since the GEMV stages x in shared memory per block: on the card
 # only (make test-gpu); the simulator keeps every K-quant kernel's own cases (test_linear_kquant).
 @pytest.mark.skipif(SIMULATOR, reason="on the card only: ~8 minutes under the simulator")
-def test_kquant_mix_agrees_with_the_cpu_runner(loaded):
+@pytest.mark.parametrize("kquant", [False, True], ids=["gemv", "tensor-cores"])
+def test_kquant_mix_agrees_with_the_cpu_runner(loaded, kquant):
     plans = _plans(loaded.config.vocab_size)
-    gpu = _logits(_cuda_runner(loaded), plans)
+    gpu = _logits(_cuda_runner(loaded, cuda_kquant_tensor_cores=kquant), plans)
     cpu = _logits(make_runner(loaded, max_model_len=64), plans)
     for g, c in zip(gpu, cpu, strict=True):
         scale = np.abs(c).max(axis=1, keepdims=True)

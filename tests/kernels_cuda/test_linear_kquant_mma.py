@@ -188,7 +188,7 @@ def test_swiglu_epilogue_gives_silu_and_mul_bits(rng):
     n = 2 * N
     rows = random_kquant(rng, QType.Q4_K, n, K, hi=-3.5)  # products silu takes without overflow
     weight = upload_matrix(
-        rows, QType.Q4_K, (n, K), gate_up=True, x_bf16=True, stream=cuda.stream()
+        rows, QType.Q4_K, (n, K), gate_up=True, x_bf16=True, kquant=True, stream=cuda.stream()
     )
     assert weight.packed and weight.data.kq == QType.Q4_K and not weight.data.fp8
     x = activations(rng, 1)
@@ -207,7 +207,7 @@ def test_mixed_qkv_parts_write_their_columns_with_their_own_bits(rng):
     parts = [random_kquant(rng, QType.Q4_K, N, K), random_kquant(rng, QType.Q6_K, N, K)]
     types = [QType.Q4_K, QType.Q6_K]
     pairs = list(zip(parts, types, strict=True))
-    mixed = upload_mixed(pairs, x_bf16=True, stream=cuda.stream())
+    mixed = upload_mixed(pairs, x_bf16=True, kquant=True, stream=cuda.stream())
     assert mixed.packed and all(p.packed for p in mixed.parts)
     x = activations(rng, 1)
     bias = rng.standard_normal(2 * N).astype(np.float32)
@@ -230,6 +230,9 @@ def test_mixed_qkv_parts_write_their_columns_with_their_own_bits(rng):
 def test_unpackable_shapes_keep_the_gemv():
     rng = np.random.default_rng(3)
     rows = random_kquant(rng, QType.Q4_K, 24, 256)  # N not a multiple of 16
-    weight = upload_matrix(rows, QType.Q4_K, (24, 256), stream=cuda.stream())
+    weight = upload_matrix(rows, QType.Q4_K, (24, 256), kquant=True, stream=cuda.stream())
     assert not weight.packed and isinstance(weight, DeviceWeight)
     assert np.array_equal(host(weight.data), rows)
+    rows = random_kquant(rng, QType.Q4_K, 32, 256)  # packs, but only when asked to
+    weight = upload_matrix(rows, QType.Q4_K, (32, 256), stream=cuda.stream())
+    assert not weight.packed and np.array_equal(host(weight.data), rows)

@@ -41,6 +41,7 @@ def runner_settings(config, max_model_len: int) -> dict:
         split_attention_rows=config.cuda_split_attention_rows,
         cuda_flash_prefill=config.cuda_flash_prefill,
         cuda_prefill_gemm=config.cuda_prefill_gemm,
+        cuda_kquant_tensor_cores=config.cuda_kquant_tensor_cores,
         kv_cache_dtype=resolved_dtype(config.kv_cache_dtype, "cuda"),
         matmul_input_dtype=resolved_dtype(config.matmul_input_dtype, "cuda"),
         speculative_tokens=spec.num_speculative_tokens if spec else 0,

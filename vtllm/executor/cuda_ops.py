@@ -106,13 +106,15 @@ class CudaOps(CudaMoeOps):
         x_bf16: bool = False,
         flash_prefill: bool = False,
         wgmma: bool = False,
+        kquant: bool = False,
     ):
         """mirror: the device token mirror [slots, max_positions] int32 that input ids are
-        gathered from; x_bf16, wgmma: see matmul.upload_matrix; flash_prefill: see
+        gathered from; x_bf16, wgmma, kquant: see matmul.upload_matrix; flash_prefill: see
         attention.paged_attention; max_decode_rows: the rows split-key attention spreads
         over blocks (its scratch grows with them)."""
         self.config, self.stream, self.mirror = config, stream, mirror
         self.x_bf16, self.wgmma, self.flash_prefill = x_bf16, wgmma, flash_prefill
+        self.kquant = kquant
         self.eps = config.rms_norm_eps
         self.scale = float(config.head_dim) ** -0.5
         self.foldable = False
@@ -157,6 +159,7 @@ class CudaOps(CudaMoeOps):
                 gate_up=gate_up,
                 x_bf16=self.x_bf16,
                 wgmma=self.wgmma,
+                kquant=self.kquant,
                 stream=s,
             )
 
@@ -167,6 +170,7 @@ class CudaOps(CudaMoeOps):
                     [(p.data, p.qtype) for p in parts],
                     gate_up=gate_up,
                     x_bf16=self.x_bf16,
+                    kquant=self.kquant,
                     stream=s,
                 )
             return w(parts[0] if len(parts) == 1 else concat_rows(parts), gate_up=gate_up)
@@ -198,7 +202,9 @@ class CudaOps(CudaMoeOps):
         ]
         embed = raw(weights.embed)  # read by row lookups, so never packed
         head = weights.lm_head
-        if head is weights.embed and not for_tensor_cores(head.qtype, head.shape):
+        if head is weights.embed and not for_tensor_cores(
+            head.qtype, head.shape, kquant=self.kquant
+        ):
             lm_head = embed  # tied, and not packed: the rows serve both
         else:  # its own matrix, or (tied, bf16) a packed copy beside the embedding rows
             lm_head = w(head)

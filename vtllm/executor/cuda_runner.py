@@ -95,6 +95,7 @@ class CudaModelRunner(GraphedSteps, StepRunner):
         split_attention_rows: int = 0,
         cuda_flash_prefill: bool = False,
         cuda_prefill_gemm: str = "mma",
+        cuda_kquant_tensor_cores: bool = False,
         speculative_tokens: int = 0,
         speculative_max_batch: int = 0,
         shard=None,  # a tensor-parallel rank's shard (models/sharding) and DeviceCommunicator:
@@ -129,6 +130,7 @@ class CudaModelRunner(GraphedSteps, StepRunner):
             x_bf16=matmul_input_dtype == "bfloat16",
             flash_prefill=cuda_flash_prefill,
             wgmma=cuda_prefill_gemm == "wgmma",
+            kquant=cuda_kquant_tensor_cores,
             **sharded,
         )
         forward = model_class(c.architecture)

@@ -15,12 +15,13 @@ asks for it), batched-decode steps that rows_pay for to _linear_rows, the rest t
 The fused epilogues (a norm folded into the loads, the product added into the residual
 stream) exist in _linear_mma only, for one-token steps.
 
-K-quant matrices (Q2_K .. Q6_K) whose sides pack (N a multiple of 16, K of 256) go to the same
-tensor-core kernels, as integer codes and compact scales (_kquant_pack, upload_kquant), with
-every route and fused epilogue of bf16 and the same rule of bits, M = 1 included; the
-numerics are the tensor cores' (x as hi + lo bf16, or bf16 with x_bf16; codes exact; float32
-sums per tile, _kquant_pack), no longer the GEMV's float32 x times decoded weights. Other
-shapes, Q5_0 / Q5_1 and the rest keep their GEMV; _gemm_wgmma refuses K-quant W (never asked).
+K-quant matrices (Q2_K .. Q6_K) whose sides pack (N a multiple of 16, K of 256), where the
+upload asks for it (kquant; opt-in until measured on a card), go to the same tensor-core
+kernels, as integer codes and compact scales (_kquant_pack, upload_kquant), with every route and
+fused epilogue of bf16 and the same rule of bits, M = 1 included; the numerics are the tensor
+cores' (x as hi + lo bf16, or bf16 with x_bf16; codes exact; float32 sums per tile,
+_kquant_pack), no longer the GEMV's float32 x times decoded weights. Other shapes, Q5_0 / Q5_1
+and the rest keep their GEMV; _gemm_wgmma refuses K-quant W (never asked).
 
 Mixed rows: GGUF K-quant files store q, k and v (sometimes gate and up) in different types
 (Q4_K_M: attn_v in Q6_K beside Q4_K), which cannot be stacked into one matrix; MixedRows keeps
@@ -188,12 +189,17 @@ class MixedRows:
 
 
 def upload_mixed(
-    parts: list[tuple[np.ndarray, int]], *, gate_up: bool = False, x_bf16: bool = False, stream
+    parts: list[tuple[np.ndarray, int]],
+    *,
+    gate_up: bool = False,
+    x_bf16: bool = False,
+    kquant: bool = False,
+    stream,
 ) -> MixedRows:
-    """MixedRows of (data, qtype) parts: K-quant parts whose sides pack go to the tensor cores
-    (x_bf16: as upload_matrix), the others up as stored; ValueError for a type whose kernel
-    cannot write at a column offset. gate_up: the parts are gate and up (never folded: their
-    rows cannot interleave across parts)."""
+    """MixedRows of (data, qtype) parts: with kquant, K-quant parts whose sides pack go to the
+    tensor cores (x_bf16, kquant: as upload_matrix), the others up as stored; ValueError for
+    a type whose kernel cannot write at a column offset. gate_up: the parts are gate and up
+    (never folded: their rows cannot interleave across parts)."""
     weights = []
     for data, qtype in parts:
         if qtype not in COLUMN_TYPES:
@@ -204,7 +210,7 @@ def upload_mixed(
             )
         per, nbytes = block_layout(qtype)
         shape = (data.shape[0], data.shape[1] // nbytes * per)
-        if kq_packable(qtype, *shape):
+        if kquant and kq_packable(qtype, *shape):
             packed = upload_kquant(data, qtype, shape, x_bf16=x_bf16, stream=stream)
             weights.append(DeviceWeight(packed, qtype, packed=True))
         else:
@@ -213,8 +219,11 @@ def upload_mixed(
     return MixedRows(weights, packed=not gate_up and all(w.packed for w in weights))
 
 
-def for_tensor_cores(qtype: int, shape: tuple[int, int]) -> bool:
-    return (qtype in (QType.BF16, FP8_ROWS) and packable(*shape)) or kq_packable(qtype, *shape)
+def for_tensor_cores(qtype: int, shape: tuple[int, int], *, kquant: bool = False) -> bool:
+    """kquant: K-quant matrices that pack go to the tensor cores too (upload_matrix)."""
+    return (qtype in (QType.BF16, FP8_ROWS) and packable(*shape)) or (
+        kquant and kq_packable(qtype, *shape)
+    )
 
 
 def upload_kquant(rows: np.ndarray, qtype: int, shape: tuple[int, int], *, x_bf16=False, stream):
@@ -242,6 +251,7 @@ def upload_matrix(
     gate_up: bool = False,
     x_bf16: bool = False,
     wgmma: bool = False,
+    kquant: bool = False,
     stream,
 ) -> DeviceWeight:
     """W on the device as matmul takes it: bf16 matrices with 16-aligned shapes packed for the
@@ -249,10 +259,11 @@ def upload_matrix(
     runs of 8 first (the module docstring); every other type as stored. x_bf16: packed
     matrices multiply x rounded to bf16 (_linear_mma.PackedBF16); wgmma (with x_bf16): their
     long steps take _gemm_wgmma (bf16 only: FP8 and K-quant ones keep _gemm_mma). FP8_ROWS:
-    packed as FP8 (_fp8), or dequantized to F32 where the shape does not pack. K-quant types:
-    packed by upload_kquant where the shape packs (a gate/up matrix's rows interleaved first,
-    their scales with them)."""
-    if kq_packable(qtype, *shape):  # K-quant codes and scales (_kquant_pack)
+    packed as FP8 (_fp8), or dequantized to F32 where the shape does not pack. K-quant types,
+    with kquant: packed by upload_kquant where the shape packs (a gate/up matrix's rows
+    interleaved first, their scales with them); without, as stored, for their GEMV (the
+    default until the packed path is measured on a card: VT_CUDA_KQUANT_TENSOR_CORES)."""
+    if kquant and kq_packable(qtype, *shape):  # K-quant codes and scales (_kquant_pack)
         if gate_up:
             data = tile_interleave(data, 8)  # a row's scales are in its blocks
         packed = upload_kquant(data, qtype, shape, x_bf16=x_bf16, stream=stream)

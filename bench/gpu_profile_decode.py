@@ -56,6 +56,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("model")
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument(
+        "--kquant-tensor-cores",
+        action="store_true",
+        help="K-quant matrices on the tensor cores (VT_CUDA_KQUANT_TENSOR_CORES)",
+    )
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--prefill", type=int, default=0, help="profile an N-token prefill")
     p.add_argument("--mixed", type=int, default=0, help="decode steps also prefill P tokens")
@@ -96,6 +101,7 @@ def main():
         kv_cache_dtype=args.dtype,
         matmul_input_dtype=args.dtype,
         split_attention_rows=args.split_rows,
+        cuda_kquant_tensor_cores=args.kquant_tensor_cores,
     )
     # B requests with ctx tokens each, prefilled, then decode steps
     per = -(-(ctx + 200) // 16)

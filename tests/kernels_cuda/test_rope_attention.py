@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from tests.kernels_cuda.helpers import SIMULATOR, dev, host, poisoned
+from tests.kernels_cuda.test_attention import bf16_values
 from vtllm.kernels.cuda import _attention_ring as attention_ring
 from vtllm.kernels.cuda import _attention_split as attention_split
 from vtllm.kernels.cuda import paged_attention
 from vtllm.kernels.cuda.attention import fuses_rope, make_scratch, qkv_rope, rope_attention
+from vtllm.kernels.reference import paged_attention_ref
 from vtllm.models.synthetic import to_bf16_bits
 
 pytestmark = pytest.mark.cudasim
@@ -48,9 +50,12 @@ def decode_step(rng, hk, d, contexts, kv):
     return k_cache, v_cache, meta
 
 
-def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta, fused_by=attention_split):
+def both_ways(
+    rng, hq, hk, d, norm, k_cache, v_cache, meta, fused_by=attention_split, rotated=None, **masks
+):
     """(out, k cache, v cache) from qkv_rope + paged_attention and from rope_attention (that
-    of the module fused_by), on one random qkv, rope table and norm weights."""
+    of the module fused_by), on one random qkv, rope table and norm weights; masks: window
+    and softcap for both; rotated: a list that receives qkv_rope's q."""
     t = meta["slot_mapping"].shape[0]
     qkv = rng.standard_normal((t, (hq + 2 * hk) * d)).astype(np.float32)
     cos_sin = rng.uniform(-1, 1, (MAX_POS, d)).astype(np.float32)
@@ -82,6 +87,7 @@ def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta, fused_by=attention_s
                 out,
                 scratch,
                 **norms,
+                **masks,
             )
         else:
             q = poisoned((t, hq, d))
@@ -98,7 +104,10 @@ def both_ways(rng, hq, hk, d, norm, k_cache, v_cache, meta, fused_by=attention_s
                 scale,
                 out,
                 scratch=scratch,
+                **masks,
             )
+            if rotated is not None:
+                rotated.append(host(q))
         results.append((host(out), host(kc), host(vc)))
     return results
 
@@ -137,6 +146,34 @@ def test_same_bits_as_qkv_rope_then_attention(rng, shape, kv, target, module, mo
     assert not np.isnan(out[:3]).any(), "every sequence's row is written"
     assert np.isnan(f_out[3:]).all(), "padding rows stay unwritten"
     assert (kc != k_cache).any(), "the new keys were written"
+
+
+@pytest.mark.parametrize(
+    ("kv", "module"),
+    [("float32", attention_split), ("bfloat16", attention_ring)],
+    ids=["float32-split", "bfloat16-ring"],
+)
+def test_window_and_cap_keep_the_two_kernels_bits(rng, kv, module):
+    """A window of 38 keys: the new token's window starts at a split's first key (the split
+    before it empty, never visited), inside the first split, and covers a shorter context;
+    scores capped. qkv_rope + paged_attention take the step through the ring kernel (five
+    rows with the padding): the same out and cache bits, and the reference's out."""
+    hq, hk, d, norm, window, cap = 2, 1, 32, True, 38, 1.5
+    k_cache, v_cache, meta = decode_step(rng, hk, d, [20, 40, 70], kv)
+    q = []
+    (out, kc, vc), (f_out, f_kc, f_vc) = both_ways(
+        rng, hq, hk, d, norm, k_cache, v_cache, meta, module, q, window=window, softcap=cap
+    )
+    np.testing.assert_array_equal(f_kc, kc)
+    np.testing.assert_array_equal(f_vc, vc)
+    np.testing.assert_array_equal(f_out, out)
+    assert np.isnan(f_out[3:]).all(), "padding rows stay unwritten"
+    values = bf16_values if kv == "bfloat16" else np.asarray
+    m = [meta[name] for name in ("block_tables", "seq_lens", "query_start_loc")]
+    args = (q[0][:3], values(kc), values(vc), *m, d**-0.5)
+    ref = paged_attention_ref(*args, window, cap)
+    np.testing.assert_allclose(f_out[:3], ref, rtol=0, atol=2e-5)
+    assert np.abs(paged_attention_ref(*args)[1:] - ref[1:]).max() > 1e-2, "masks must bite"
 
 
 @pytest.mark.parametrize("module", [attention_split, attention_ring], ids=["split", "ring"])

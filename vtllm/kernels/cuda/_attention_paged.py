@@ -8,10 +8,11 @@ sum, rescaled per tile) and thread d accumulates column d of p @ V. GQA maps que
 head h // (Hq // Hk). For correctness on any shape: q . k reads each key row within one thread,
 and kv heads shared by several query heads are re-read from L2.
 
-It also serves every windowed or soft-capped layer (attention.paged_attention says why): a
-query at position p sees keys max(0, p - window + 1) .. p (window 0: all), and a cap > 0 turns
-each score s into cap * tanh(s / cap) before the softmax. Tiles start at the window's first
-key, so a row's bits depend on its own sequence and position only.
+It takes windows and caps as the exact family does (for the shapes only it serves, and with
+split=False): a query at position p sees keys max(0, p - window + 1) .. p (window 0: all), and
+a cap > 0 turns each score s into cap * tanh(s / cap) before the softmax. Tiles start at the
+window's first key, so a row's bits depend on its own sequence and position only (not the
+family's bits: other sums).
 """
 
 import math

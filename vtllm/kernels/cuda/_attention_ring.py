@@ -44,6 +44,11 @@ its row's new key and v, stored to the cache) as _attention_split's does; the bl
 after that orders the store before its warps' copies (cp.async reads are ordinary weak loads;
 the split kernel's ld.global.nc loads are not, so it patches the key in shared memory).
 
+Variants: masked (a window and a cap, _attention_common: a warp's splits start at the window's
+first split, keys before the window score -inf and their copies read the window's first key)
+and heads of 256 (WIDE_DIM: more K items a split, and a lane sums columns 4l .. 4l + 3 and
+128 + 4l .. for p @ V); the other constants of a kernel as before (_kernel).
+
 Over 400 lines: one kernel whose factory (~250 lines) holds the ring's protocol, with the
 device helpers of its stages beside it (made per piece size, _piece_helpers); the geometry,
 fold and combine it shares with the split kernel live in _attention_common.
@@ -59,10 +64,12 @@ from vtllm.kernels.cuda._attention_common import (
     MAX_DIM,
     MAX_GROUP,
     SPLIT,
-    _combine_kernel,
     _row,
     _slot_of_slot,
     block_shift,
+    capped,
+    combine,
+    window_start,
 )
 from vtllm.kernels.cuda._attention_split import checked_rope_args, no_rope_args
 from vtllm.kernels.cuda._device import (
@@ -209,6 +216,21 @@ def _softmax(sc, ml, fs, p_at, valid, lane, group):
 
 
 @cuda.jit(device=True)
+def _softmax_capped(sc, ml, fs, p_at, valid, lane, group, cap):
+    """_softmax of the capped scores (_attention_common.capped; cap > 0 a runtime value)."""
+    for g in range(group):
+        score = NEG_INF
+        if valid:
+            score = (sc[4 * g] + sc[4 * g + 1]) + (sc[4 * g + 2] + sc[4 * g + 3])
+            if cap > 0:
+                score = capped(score, cap)
+        m = warp_max(score)
+        p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
+        ml[2 * g], ml[2 * g + 1] = m, warp_sum(p)
+        fs[p_at + g * SPLIT + lane] = p
+
+
+@cuda.jit(device=True)
 def _four_keys(fs, ws, cache, v_at, p_at, v_row, group, acc, ps):
     """acc[4 g + e] += p_g[j] * V[j, e] over four keys j in order (columns' step), p read
     into ps first."""
@@ -339,33 +361,58 @@ def _piece_helpers(values: int):
 
 
 @cuda.jit(device=True)
-def _split_rows(block_tables, table_at, sp, n_keys, bs, shift, num_blocks, Hk, hk, lane):
+def _split_rows(block_tables, table_at, sp, n_keys, first, bs, shift, num_blocks, Hk, hk, lane):
     """(the cache row of key `lane` of split sp, 1 where that key's block-table entry is bad);
-    lanes past the last key take its first key's row (finite values that p = 0 will
-    weigh)."""
+    lanes past the last key take its first key's row (finite values that p = 0 will weigh).
+    first: ignored (_split_rows_masked's)."""
     lo = sp * SPLIT
     key = lo + (lane if lane < n_keys - lo else 0)
     row, bad = _key_row(block_tables, table_at, key, bs, shift, num_blocks, Hk, hk)
     return row, bad
 
 
+@cuda.jit(device=True)
+def _split_rows_masked(
+    block_tables, table_at, sp, n_keys, first, bs, shift, num_blocks, Hk, hk, lane
+):
+    """_split_rows, with keys before the window's first key `first` read as that key
+    (_attention_common.split_loader says why)."""
+    lo = sp * SPLIT
+    key = lo + (lane if lane < n_keys - lo else 0)
+    if key < first:
+        key = first
+    row, bad = _key_row(block_tables, table_at, key, bs, shift, num_blocks, Hk, hk)
+    return row, bad
+
+
 def _kernel_for(
-    rope: bool, group: int, head_dim: int, itemsize: int, warps: int, stages: int, registers: int
+    rope: bool,
+    masked: bool,
+    group: int,
+    head_dim: int,
+    itemsize: int,
+    warps: int,
+    stages: int,
+    registers: int,
 ):
     """The split kernel (module docstring) for GQA groups of `group` query heads of head_dim
     dims over a cache of itemsize-byte values, blocks of `warps` warps and rings of `stages`
-    stages (constants of the kernel: its
-    loops have fixed trip counts, one copy of the code each); with rope it reads q from qkv
-    and does qkv_rope's work for its row first (rope_attention)."""
+    stages (constants of the kernel: its loops have fixed trip counts, one copy of the code
+    each); with rope it reads q from qkv and does qkv_rope's work for its row first
+    (rope_attention); masked: it takes the window and the cap (_attention_common), else
+    ignores them."""
     threads = 32 * warps
     values, chunk, v_keys = _geometry(head_dim, itemsize)
     copy_item, refill, dot_chunk, columns = _piece_helpers(values)
+    split_rows = _split_rows_masked if masked else _split_rows
     stages = _stages(head_dim, itemsize, stages)
     k_items = -(-head_dim // chunk)
     items = k_items + SPLIT // v_keys  # ring items a split
     wait_oldest = copy_async_waiter(stages - 1)  # the oldest of `stages` copy groups landed
     stage_words = _stage_words(head_dim, itemsize)  # shared_bytes' layout
-    q_items = -(-group * MAX_DIM // threads)  # query values a thread loads, at most
+    q_items = -(-group * max(head_dim, MAX_DIM) // threads)  # query values a thread loads
+    q_len = max(Q_ITEMS, q_items)
+    halves = -(-head_dim // 128)  # p @ V: a lane's four columns in each 128 (WIDE_DIM: two)
 
     @cuda.jit(cache=True, **({"max_registers": registers} if registers else {}))
     def kernel(
@@ -385,6 +432,8 @@ def _kernel_for(
         k_norm,
         eps,
         has_norm,
+        window,
+        cap,
     ):
         grid_dependency_sync()
         t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
@@ -418,14 +467,18 @@ def _kernel_for(
                 if n > 2:
                     c1, s1 = cos_sin[pos, 32 + lane], cos_sin[pos, D // 2 + 32 + lane]
         else:
-            qv = cuda.local.array(Q_ITEMS, float32)
+            qv = cuda.local.array(q_len, float32)
             for i in range(q_items):
                 e = tid + i * threads
                 if e < G * D:
                     qv[i] = q[t, hk * G * D + e]
         s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
         n_splits = (n_keys + SPLIT - 1) // SPLIT
-        if s < 0 or z * warps >= n_splits:
+        sp_first, key_first = 0, 0  # the window's first split and key (masked)
+        if masked:
+            key_first = window_start(n_keys, window)
+            sp_first = key_first // SPLIT
+        if s < 0 or z * warps >= n_splits - sp_first:
             return
         fs = cuda.shared.array(0, float32)  # dynamic: queries, probabilities, rings
         ws = cuda.shared.array(0, uint32)  # the same memory: the rings' raw cache words
@@ -434,12 +487,12 @@ def _kernel_for(
         if rope:
             if query_start_loc[s + 1] - query_start_loc[s] != 1:  # not a one-token row
                 if z == 0 and tid < G:  # a negative sum: the combine leaves the row unwritten
-                    part_ml[t, hk * G + tid, 0, 1] = -1.0
+                    part_ml[t, hk * G + tid, sp_first, 1] = -1.0
                 return
             # The block whose warps read the row's newest key makes that key and stores it
             # first: the barrier below orders the store before its warps' copies, which read
             # the cache through L2 (ld.global.nc reads, as the split kernel's, need not see it).
-            writer = (n_splits - 1) % step // warps == z
+            writer = (n_splits - 1 - sp_first) % step // warps == z
             for g0 in range(0, G + 1, warps):  # block-uniform: every warp reduces alike
                 g = g0 + w
                 if g0 > 0:  # later rounds (G >= warps) load their heads now
@@ -488,11 +541,11 @@ def _kernel_for(
         cuda.syncthreads()
 
         # From here each warp works alone through its ring (warp barriers only).
-        first = z * warps + w
+        first = sp_first + z * warps + w
         count = (n_splits - first + step - 1) // step if first < n_splits else 0
         trips = count
         if SIMULATOR:  # warp 0's count: every thread makes the same (block) barriers
-            trips = (n_splits - z * warps + step - 1) // step
+            trips = (n_splits - sp_first - z * warps + step - 1) // step
         elif count == 0:
             return
         units = D // 4
@@ -502,14 +555,18 @@ def _kernel_for(
         ring = G * D + warps * G * SPLIT + w * stages * stage_words
         table_at = s * block_tables.shape[1]
         col = imin(lane, units - 1)  # p @ V: this lane's four columns (lanes past D repeat)
+        col2 = imin(lane + 32, units - 1)  # and WIDE_DIM's second four
         sc = cuda.local.array(SUMS, float32)
         acc = cuda.local.array(SUMS, float32)
+        acc2 = cuda.local.array(SUMS, float32)  # WIDE_DIM: columns 128 + 4l ..
         ps = cuda.local.array(SUMS, float32)
         ml = cuda.local.array(STATES, float32)
         rows = (block_tables, table_at)
         row, bad = np.int32(0), 0
         if count > 0:
-            row, bad = _split_rows(*rows, first, n_keys, bs, shift, num_blocks, Hk, hk, lane)
+            row, bad = split_rows(
+                *rows, first, n_keys, key_first, bs, shift, num_blocks, Hk, hk, lane
+            )
         for i in range(stages):  # the first split's first items in flight
             copy_item(k_cache, v_cache, ws, ring + i * stage_words, row, lane, D, i, count > 0)
             copy_async_commit()
@@ -521,8 +578,8 @@ def _kernel_for(
             n_here = imin(n_keys - sp * SPLIT, SPLIT)
             row_next, bad_next = np.int32(0), 0
             if c + 1 < count:  # read a split ahead: in hand when its first item is copied
-                row_next, bad_next = _split_rows(
-                    *rows, sp + step, n_keys, bs, shift, num_blocks, Hk, hk, lane
+                row_next, bad_next = split_rows(
+                    *rows, sp + step, n_keys, key_first, bs, shift, num_blocks, Hk, hk, lane
                 )
             for e in range(SUMS):
                 sc[e] = np.float32(0.0)
@@ -550,10 +607,17 @@ def _kernel_for(
                 )
                 copy_async_commit()  # (an empty group past the end keeps the count)
                 at = _next_stage(at, ring, ring_end, stage_words)
-            _softmax(sc, ml, fs, p_at, live and lane < n_here, lane, G)
+            valid = live and lane < n_here
+            if masked:
+                valid = valid and sp * SPLIT + lane >= key_first
+                _softmax_capped(sc, ml, fs, p_at, valid, lane, G, cap)
+            else:
+                _softmax(sc, ml, fs, p_at, valid, lane, G)
             split_bad = warp_max(np.float32(bad))  # any lane's key
             for e in range(SUMS):
                 acc[e] = np.float32(0.0)
+                if halves > 1:
+                    acc2[e] = np.float32(0.0)
             for vi in range(SPLIT // v_keys):  # p @ V over each V item's keys, lane l
                 item = np.int32(k_items + vi)  # columns 4l .. 4l + 3
                 wait_oldest()
@@ -570,6 +634,18 @@ def _kernel_for(
                         acc,
                         ps,
                     )
+                    if halves > 1:
+                        columns(
+                            fs,
+                            ws,
+                            v_cache,
+                            at + col2 * words4,
+                            p_at + v_keys * vi,
+                            units * words4,
+                            G,
+                            acc2,
+                            ps,
+                        )
                 sync_warp()
                 refill(
                     k_cache,
@@ -599,6 +675,15 @@ def _kernel_for(
                             acc[4 * g + 2],
                             acc[4 * g + 3],
                         )
+                    if halves > 1 and lane + 32 < units:
+                        store_f32x4(
+                            part_acc,
+                            (t, h, sp, 4 * (lane + 32)),
+                            acc2[4 * g],
+                            acc2[4 * g + 1],
+                            acc2[4 * g + 2],
+                            acc2[4 * g + 3],
+                        )
                     if lane == 0:  # a negative sum: the combine leaves the row unwritten
                         part_ml[t, h, sp, 0] = ml[2 * g]
                         part_ml[t, h, sp, 1] = ml[2 * g + 1] if split_bad == 0 else -1.0
@@ -608,8 +693,15 @@ def _kernel_for(
 
 
 @functools.cache
-def _kernel(rope: bool, group: int, head_dim: int, itemsize: int, geometry: tuple[int, int, int]):
-    return _kernel_for(rope, group, head_dim, itemsize, *geometry)
+def _kernel(
+    rope: bool,
+    group: int,
+    head_dim: int,
+    itemsize: int,
+    geometry: tuple[int, int, int],
+    masked: bool = False,
+):
+    return _kernel_for(rope, masked, group, head_dim, itemsize, *geometry)
 
 
 def _launch(
@@ -624,6 +716,8 @@ def _launch(
     out,
     scratch,
     rope_args,
+    window,
+    softcap,
     stream,
 ) -> None:
     """The split kernel over blocks (row, kv head, z), then the combine."""
@@ -636,7 +730,8 @@ def _launch(
     # with a warp per split of the longest context, a batch of short rows launches mostly
     # empty blocks
     nz = min(-(-part_acc.shape[2] // warps), max(1, -(-TARGET_BLOCKS // (T * Hk))))
-    kernel = _kernel(rope, Hq // Hk, D, k_cache.dtype.itemsize, geometry)
+    masked = bool(window or softcap)
+    kernel = _kernel(rope, Hq // Hk, D, k_cache.dtype.itemsize, geometry, masked)
     args = (
         q,
         k_cache,
@@ -648,17 +743,29 @@ def _launch(
         part_acc,
         part_ml,
         *rope_args,
+        np.int32(window),
+        np.float32(softcap),
     )
     nbytes = shared_bytes(Hq // Hk, D, k_cache.dtype.itemsize, warps, stages)
     allow_dynamic_shared(kernel, args, nbytes)
     kernel[(T, Hk, nz), 32 * warps, stream, nbytes](*args)
-    _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](
-        part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out
-    )
+    combine(part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out, window, stream)
 
 
 def decode_attention(
-    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, scratch, *, stream=0
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    scratch,
+    *,
+    window=0,
+    softcap=0.0,
+    stream=0,
 ) -> None:
     """As _attention_split.decode_attention (the same arguments and bits)."""
     T, Hq, D = q.shape
@@ -674,6 +781,8 @@ def decode_attention(
         out,
         scratch,
         no_rope_args(),
+        window,
+        softcap,
         stream,
     )
 
@@ -695,6 +804,8 @@ def rope_attention(
     *,
     q_norm=None,
     k_norm=None,
+    window=0,
+    softcap=0.0,
     stream=0,
 ) -> None:
     """As _attention_split.rope_attention (the same arguments, checks and bits)."""
@@ -727,5 +838,7 @@ def rope_attention(
             out,
             scratch,
             rope,
+            window,
+            softcap,
             stream,
         )

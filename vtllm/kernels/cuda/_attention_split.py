@@ -33,10 +33,16 @@ in a kernel that runs most of its instructions once, time follows code size more
 (likely instruction fetch), so the rope work stays in registers, a head a warp, rather than
 going through shared memory in unrolled items, which doubles the code.
 
-Over 400 lines: one kernel (the factory of its two variants is ~170 lines) with its phase
-helpers and launchers; its shared geometry and fold already live in _attention_common.
+Variants (compiled apart, _split_kernel(rope, masked, dim)): masked takes a window and a cap
+(_attention_common: its blocks start at the window's first split, keys before the window score
+-inf); dim = WIDE_DIM (heads of 256) lays the shared array out for 256-dim rows, dynamic since
+it passes 48 KB (~78 KB), and loads a key in two passes of 128 dims; rope only at MAX_DIM.
+
+Over 400 lines: one kernel (the factory of its variants is ~190 lines) with its phase helpers
+and launchers; its shared geometry and fold already live in _attention_common.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -45,19 +51,23 @@ from numba import cuda, float32
 from vtllm.kernels.cuda._attention_common import (
     MAX_DIM,
     MAX_GROUP,
-    ROW,
     SPLIT,
-    _combine_kernel,
+    WIDE_DIM,
     _fits_scratch,
     _row,
     _slot_of_slot,
     block_shift,
+    capped,
     check_attention,
+    combine,
+    dim_for,
+    row_for,
     split_loader,
     supports,
+    window_start,
 )
 from vtllm.kernels.cuda._device import NEG_INF, SIMULATOR, imin, warp_max, warp_sum
-from vtllm.kernels.cuda._host import placeholder
+from vtllm.kernels.cuda._host import allow_dynamic_shared, placeholder
 from vtllm.kernels.cuda._kv_cache import kv_rounded, kv_store
 from vtllm.kernels.cuda._ptx import grid_dependency_sync, prefetch_l1
 from vtllm.kernels.cuda._ptx_shared import shared_f32x4, store_f32x4
@@ -70,19 +80,6 @@ from vtllm.kernels.cuda._qkv_rope import (
 
 WARPS = 4
 THREADS = 32 * WARPS
-Q_PER_THREAD = MAX_GROUP * MAX_DIM // THREADS  # query values a thread loads (at most)
-# One shared array carved into regions (a single array starts at the block's shared base, so
-# every region below is 16-byte aligned: all offsets are multiples of 4 floats).
-# _attention_prefill lays out its own regions and loads K and V with split_loader too.
-Q_AT = 0  # scaled queries [MAX_GROUP, MAX_DIM]
-K_AT = Q_AT + MAX_GROUP * MAX_DIM  # the split's keys [SPLIT, ROW]
-V_AT = K_AT + SPLIT * ROW  # and values
-P_AT = V_AT + SPLIT * ROW  # probabilities [MAX_GROUP, SPLIT]
-M_AT = P_AT + MAX_GROUP * SPLIT  # the split's max and sum per head
-L_AT = M_AT + MAX_GROUP
-NEW_K_AT = L_AT + MAX_GROUP  # rope_attention: the row's new key and value as the cache holds
-NEW_V_AT = NEW_K_AT + MAX_DIM  # them
-SMEM_WORDS = NEW_V_AT + MAX_DIM
 # decode grid size to aim for: a few blocks an SM, chosen by a sweep of grid sizes (larger
 # grids only add blocks that loop over fewer splits; BENCHMARKS.md, Kernels)
 TARGET_BLOCKS = 512
@@ -92,7 +89,89 @@ TARGET_BLOCKS = 512
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}
 
 
-_load_split = split_loader(WARPS, K_AT, V_AT)
+def layout(dim: int) -> dict:
+    """One shared array carved into regions for heads of up to dim dims (a single array starts
+    at the block's shared base, so every region is 16-byte aligned: all offsets are multiples
+    of 4 floats). _attention_prefill lays out its own regions and loads K and V with
+    split_loader too."""
+    row = row_for(dim)
+    at = {"row": row, "q": 0}  # scaled queries [MAX_GROUP, dim]
+    at["k"] = at["q"] + MAX_GROUP * dim  # the split's keys [SPLIT, row]
+    at["v"] = at["k"] + SPLIT * row  # and values
+    at["p"] = at["v"] + SPLIT * row  # probabilities [MAX_GROUP, SPLIT]
+    at["m"] = at["p"] + MAX_GROUP * SPLIT  # the split's max and sum per head
+    at["l"] = at["m"] + MAX_GROUP
+    at["new_k"] = at["l"] + MAX_GROUP  # rope_attention: the row's new key and value as the
+    at["new_v"] = at["new_k"] + dim  # cache holds them
+    at["words"] = at["new_v"] + dim
+    return at
+
+
+SMEM_WORDS = layout(MAX_DIM)["words"]  # the narrow variants' static shared array
+WIDE_SHARED_BYTES = 4 * layout(WIDE_DIM)["words"]  # the wide ones' dynamic one (~78 KB)
+
+
+@functools.cache
+def _phase_helpers(dim: int, masked: bool):
+    """(load, score, weighted_columns, stage_queries): the phases' device helpers for heads of
+    up to dim dims (module docstring); masked: the loader's (split_loader)."""
+    at = layout(dim)
+    ROW, Q_AT, K_AT, V_AT = at["row"], at["q"], at["k"], at["v"]
+    q_per_thread = MAX_GROUP * dim // THREADS  # query values a thread loads (at most)
+    load = split_loader(WARPS, K_AT, V_AT, ROW, dim // MAX_DIM, masked)
+
+    @cuda.jit(device=True)
+    def score(smem, q_at, j, D):
+        """q . k_j from shared memory (the query row at q_at), four partial sums."""
+        k_at = K_AT + j * ROW
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        # dims in order; 32 per trip when D is a multiple of 32, so that the inner loop's 8
+        # steps unroll with constant offsets from running ones (a loop of D / 4 steps does
+        # not, and pays address math every step), and unit-step counters (a stepped range
+        # keeps a 64-bit one with a sign test per trip)
+        if D % 32 == 0:
+            for _ in range(D // 32):
+                for u in range(8):
+                    a0, a1, a2, a3 = _dot_step(smem, q_at, k_at, 4 * u, a0, a1, a2, a3)
+                q_at += 32
+                k_at += 32
+        else:
+            for i in range(D // 4):
+                a0, a1, a2, a3 = _dot_step(smem, q_at, k_at, 4 * i, a0, a1, a2, a3)
+        return (a0 + a1) + (a2 + a3)
+
+    @cuda.jit(device=True)
+    def weighted_columns(smem, p_at, d):
+        """sum over the split's keys j of p[j] * V[j, d .. d + 3] (the row's p at p_at, a
+        multiple of 4), keys in order; p read four at a time."""
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        v_at = V_AT + d
+        for _ in range(SPLIT // 4):  # running offsets: constant ones from them in a trip
+            ps = shared_f32x4(smem, p_at)
+            for u in range(4):
+                p = ps[u]
+                v0, v1, v2, v3 = shared_f32x4(smem, v_at + u * ROW)
+                a0 += p * v0
+                a1 += p * v1
+                a2 += p * v2
+                a3 += p * v3
+            p_at += 4
+            v_at += 4 * ROW
+        return a0, a1, a2, a3
+
+    @cuda.jit(device=True)
+    def stage_queries(smem, qv, G, D, scale, tid):
+        """qv (item i: e = tid + i THREADS of the block's G D query values, head e // D, dim
+        e % D: stepped, not divided) scaled into the Q region."""
+        g, d = tid // D, tid % D
+        for i in range(q_per_thread):
+            if g < G:
+                smem[Q_AT + g * dim + d] = qv[i] * scale
+            g, d = g + THREADS // D, d + THREADS % D
+            if d >= D:
+                g, d = g + 1, d - D
+
+    return load, score, weighted_columns, stage_queries
 
 
 @cuda.jit(device=True)
@@ -103,63 +182,17 @@ def _dot_step(smem, q_at, k_at, d, a0, a1, a2, a3):
     return a0 + q0 * k0, a1 + q1 * k1, a2 + q2 * k2, a3 + q3 * k3
 
 
-@cuda.jit(device=True)
-def _score(smem, q_at, j, D):
-    """q . k_j from shared memory (the query row at q_at), four partial sums."""
-    k_at = K_AT + j * ROW
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    # dims in order; 32 per trip when D is a multiple of 32, so that the inner loop's 8 steps
-    # unroll with constant offsets from running ones (a loop of D / 4 steps does not, and
-    # pays address math every step), and unit-step counters (a stepped range keeps a 64-bit
-    # one with a sign test per trip)
-    if D % 32 == 0:
-        for _ in range(D // 32):
-            for u in range(8):
-                a0, a1, a2, a3 = _dot_step(smem, q_at, k_at, 4 * u, a0, a1, a2, a3)
-            q_at += 32
-            k_at += 32
-    else:
-        for i in range(D // 4):
-            a0, a1, a2, a3 = _dot_step(smem, q_at, k_at, 4 * i, a0, a1, a2, a3)
-    return (a0 + a1) + (a2 + a3)
-
-
-@cuda.jit(device=True)
-def _weighted_columns(smem, p_at, d):
-    """sum over the split's keys j of p[j] * V[j, d .. d + 3] (the row's p at p_at, a
-    multiple of 4), keys in order; p read four at a time."""
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    v_at = V_AT + d
-    for _ in range(SPLIT // 4):  # running offsets: constant ones from them in a trip
-        ps = shared_f32x4(smem, p_at)
-        for u in range(4):
-            p = ps[u]
-            v0, v1, v2, v3 = shared_f32x4(smem, v_at + u * ROW)
-            a0 += p * v0
-            a1 += p * v1
-            a2 += p * v2
-            a3 += p * v3
-        p_at += 4
-        v_at += 4 * ROW
-    return a0, a1, a2, a3
-
-
-@cuda.jit(device=True)
-def _stage_queries(smem, qv, G, D, scale, tid):
-    """qv (item i: e = tid + i THREADS of the block's G D query values, head e // D, dim
-    e % D: stepped, not divided) scaled into the Q region."""
-    g, d = tid // D, tid % D
-    for i in range(Q_PER_THREAD):
-        if g < G:
-            smem[Q_AT + g * MAX_DIM + d] = qv[i] * scale
-        g, d = g + THREADS // D, d + THREADS % D
-        if d >= D:
-            g, d = g + 1, d - D
-
-
-def _split_kernel_for(rope: bool):
-    """The split kernel (module docstring); with rope it reads q from qkv and does qkv_rope's
-    work for its row first (rope_attention)."""
+@functools.cache
+def _split_kernel(rope: bool, masked: bool, dim: int):
+    """The split kernel (module docstring) for heads of up to dim dims; with rope it reads q
+    from qkv and does qkv_rope's work for its row first (rope_attention); masked: it takes
+    the window and the cap (_attention_common), else ignores them."""
+    _load_split, _score, _weighted_columns, _stage_queries = _phase_helpers(dim, masked)
+    at = layout(dim)
+    ROW, Q_AT, K_AT, V_AT, P_AT = at["row"], at["q"], at["k"], at["v"], at["p"]
+    M_AT, L_AT, NEW_K_AT, NEW_V_AT = at["m"], at["l"], at["new_k"], at["new_v"]
+    static_words = at["words"] if dim == MAX_DIM else 0  # 0: dynamic (WIDE_SHARED_BYTES)
+    q_per_thread = MAX_GROUP * dim // THREADS
 
     @cuda.jit(cache=True, **_REGISTERS)
     def kernel(
@@ -179,6 +212,8 @@ def _split_kernel_for(rope: bool):
         k_norm,
         eps,
         has_norm,
+        window,
+        cap,
     ):
         grid_dependency_sync()
         t, hk, z, nz = cuda.blockIdx.x, cuda.blockIdx.y, cuda.blockIdx.z, cuda.gridDim.z
@@ -213,25 +248,30 @@ def _split_kernel_for(rope: bool):
                 if n > 2:
                     c1, s1 = cos_sin[pos, 32 + lane], cos_sin[pos, D // 2 + 32 + lane]
         else:
-            qv = cuda.local.array(Q_PER_THREAD, float32)
-            for i in range(Q_PER_THREAD):
+            qv = cuda.local.array(q_per_thread, float32)
+            for i in range(q_per_thread):
                 e = tid + i * THREADS
                 if e < G * D:
                     qv[i] = q[t, hk * G * D + e]
         s, n_keys = _row(query_start_loc, seq_lens, block_tables, t, bs)
         n_splits = (n_keys + SPLIT - 1) // SPLIT
-        if s < 0 or z >= n_splits:
+        sp_first, key_first = 0, 0  # the window's first split and key (masked)
+        if masked:
+            key_first = window_start(n_keys, window)
+            sp_first = key_first // SPLIT
+        if s < 0 or z >= n_splits - sp_first:
             return
-        smem = cuda.shared.array(SMEM_WORDS, float32)
+        smem = cuda.shared.array(static_words, float32)
         shift = block_shift(bs)
         if rope:
             if query_start_loc[s + 1] - query_start_loc[s] != 1:  # not a one-token row
                 if z == 0 and tid < G:  # a negative sum: the combine leaves the row unwritten
-                    part_ml[t, hk * G + tid, 0, 1] = -1.0
+                    part_ml[t, hk * G + tid, sp_first, 1] = -1.0
                 return
             # the first split's block-table entry is read after the work below: into L1 now
-            prefetch_l1(block_tables, s, (z * SPLIT) >> shift if shift >= 0 else z * SPLIT // bs)
-            writer = (n_splits - 1) % nz == z  # the block whose splits hold the new key
+            lo = (sp_first + z) * SPLIT
+            prefetch_l1(block_tables, s, lo >> shift if shift >= 0 else lo // bs)
+            writer = (n_splits - 1 - sp_first) % nz == z  # the block whose splits hold the key
             for g0 in range(0, G + 1, WARPS):  # block-uniform: every warp reduces alike
                 g = g0 + w
                 if g0 > 0:  # later rounds (G >= WARPS) load their heads now
@@ -265,7 +305,7 @@ def _split_kernel_for(rope: bool):
                 if g < G:
                     for c in range(4):
                         if c < n:
-                            smem[Q_AT + g * MAX_DIM + 32 * c + lane] = x[c] * scale
+                            smem[Q_AT + g * dim + 32 * c + lane] = x[c] * scale
                 elif g == G and writer:
                     blk, off = _slot_of_slot(slot, bs, shift)
                     stored = 0 <= slot < num_blocks * bs  # padding or outside: not written
@@ -283,11 +323,23 @@ def _split_kernel_for(rope: bool):
         # without dividing inside the split loop
         g_first, r_first = tid // quads, tid % quads
         g_step, r_step = THREADS // quads, THREADS % quads
-        for sp in range(z, n_splits, nz):
+        for sp in range(sp_first + z, n_splits, nz):
             lo = sp * SPLIT
             n_here = imin(n_keys - lo, SPLIT)
             bad = _load_split(
-                k_cache, v_cache, block_tables, s, hk, lo, n_here, w, lane, D, smem, shift
+                k_cache,
+                v_cache,
+                block_tables,
+                s,
+                hk,
+                lo,
+                n_here,
+                key_first,
+                w,
+                lane,
+                D,
+                smem,
+                shift,
             )
             if cuda.syncthreads_or(bad):  # a negative sum: the combine leaves the row unwritten
                 if tid < G:
@@ -302,8 +354,10 @@ def _split_kernel_for(rope: bool):
             for g0 in range(0, G, WARPS):  # block-uniform trip count: every warp reduces alike
                 g = g0 + w
                 score = NEG_INF
-                if g < G and lane < n_here:
-                    score = _score(smem, Q_AT + g * MAX_DIM, lane, D)
+                if g < G and lane < n_here and (not masked or lo + lane >= key_first):
+                    score = _score(smem, Q_AT + g * dim, lane, D)
+                    if masked and cap > 0:
+                        score = capped(score, cap)
                 m = warp_max(score)
                 p = math.exp(score - m) if score != NEG_INF else np.float32(0.0)
                 l = warp_sum(p)
@@ -330,12 +384,12 @@ def _split_kernel_for(rope: bool):
     return kernel
 
 
-_split_kernel = _split_kernel_for(False)
-_split_rope_kernel = _split_kernel_for(True)
+_split_kernel_plain = _split_kernel(False, False, MAX_DIM)  # (tools/kernel_report.py names)
+_split_rope_kernel = _split_kernel(True, False, MAX_DIM)
 
 
 def _launch(
-    kernel,
+    rope,
     q,
     k_cache,
     v_cache,
@@ -346,6 +400,8 @@ def _launch(
     out,
     scratch,
     rope_args,
+    window,
+    softcap,
     stream,
 ) -> None:
     """The split kernel over one block per (row, kv head, z), then the combine."""
@@ -355,7 +411,9 @@ def _launch(
     # enough blocks to fill the GPU, each looping over splits z, z + nz, ...: with one block
     # per split of the longest context, a batch of short rows launches mostly empty blocks
     nz = min(part_acc.shape[2], max(1, -(-TARGET_BLOCKS // (T * Hk))))
-    kernel[(T, Hk, nz), THREADS, stream](
+    dim = dim_for(D)
+    kernel = _split_kernel(rope, bool(window or softcap), dim)
+    args = (
         q,
         k_cache,
         v_cache,
@@ -366,21 +424,36 @@ def _launch(
         part_acc,
         part_ml,
         *rope_args,
+        np.int32(window),
+        np.float32(softcap),
     )
-    _combine_kernel[(T, Hq), max(32, -(-D // 32) * 32), stream](
-        part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out
-    )
+    nbytes = 0 if dim == MAX_DIM else WIDE_SHARED_BYTES
+    allow_dynamic_shared(kernel, args, nbytes)
+    kernel[(T, Hk, nz), THREADS, stream, nbytes](*args)
+    combine(part_acc, part_ml, block_tables, seq_lens, query_start_loc, bs, out, window, stream)
 
 
 def decode_attention(
-    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, out, scratch, *, stream=0
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    scale,
+    out,
+    scratch,
+    *,
+    window=0,
+    softcap=0.0,
+    stream=0,
 ) -> None:
     """Rows of q [T, Hq, D] through the split kernel and the combine into out, their split
     states in scratch (make_scratch's pair for at least T rows); the arguments as
     attention.paged_attention's, which checked them."""
     T, Hq, D = q.shape
     _launch(
-        _split_kernel,
+        False,
         q.reshape(T, Hq * D),
         k_cache,
         v_cache,
@@ -391,6 +464,8 @@ def decode_attention(
         out,
         scratch,
         no_rope_args(),
+        window,
+        softcap,
         stream,
     )
 
@@ -428,6 +503,8 @@ def rope_attention(
     *,
     q_norm=None,
     k_norm=None,
+    window=0,
+    softcap=0.0,
     stream=0,
 ) -> None:
     """qkv_rope.qkv_rope then attention.paged_attention in one kernel (and the combine), for
@@ -437,7 +514,8 @@ def rope_attention(
     same code on the same values as the two kernels: the same q, cache and out bits. Rows of
     a sequence with more new tokens are left unwritten in out (their keys would come from
     other blocks: the two kernels serve such steps). scratch: make_scratch's pair with at
-    least T rows. Arguments as those of the two functions; out [T, Hq, D]."""
+    least T rows. Arguments as those of the two functions (window and softcap as
+    paged_attention's); out [T, Hq, D]."""
     rope = checked_rope_args(
         qkv,
         k_cache,
@@ -456,7 +534,7 @@ def rope_attention(
     )
     if rope is not None:
         _launch(
-            _split_rope_kernel,
+            True,
             qkv,
             k_cache,
             v_cache,
@@ -467,6 +545,8 @@ def rope_attention(
             out,
             scratch,
             rope,
+            window,
+            softcap,
             stream,
         )
 

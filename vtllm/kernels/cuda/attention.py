@@ -14,7 +14,7 @@ qkv_attention, the forward's attention (q/k norm, rotary, the KV write, then att
   - other steps: qkv_rope (_qkv_rope, one kernel), then paged_attention.
 paged_attention:
   - shapes the split kernels take (_attention_common.supports: head_dim <= 128 and a multiple
-    of 4, Hq / Hk <= 8), unless split=False:
+    of 4, or 256; Hq / Hk <= 8), unless split=False:
       - rows that fit the scratch (decode steps): each row's keys spread over blocks, the
         split states folded by the combine; the ring kernel (_attention_ring) from
         RING_MIN_ROWS rows on, the split kernel (_attention_split) below;
@@ -22,20 +22,17 @@ paged_attention:
         them): from RING_MIN_ROWS rows on, the scratch's worth of leading rows through the ring
         kernel (the scheduler puts decode rows first), and the rest through the prefill kernel
         (_attention_prefill), or, with flash (opt-in), the flash kernel (_attention_flash)
-        where it takes the cache and shape;
+        where it takes the cache and shape and the layer has neither window nor cap;
   - other shapes: the general kernel (_attention_paged), one block per (token, head).
 Every path but the flash kernel gives a token's row the same bits, whatever the step's size,
 its other rows or the chunking (the depth-2 law needs that on the GPU too).
 
-A sliding window or a score soft-cap (Gemma; Mistral and Phi-3 with a window) sends every row
-of the layer, in every step, to the general kernel, with qkv_rope before it: one block per
-(token, head) walks its row's keys from the window's first one, so one change to one kernel
-reaches decode and prompt rows alike, and their bits agree by construction. Giving the window
-and the cap to the split, ring, prefill and rope-in-attention kernels instead would mean the
-same change to four kernels and their combine in lockstep (a window empties leading splits;
-a decode row and a prompt row of a token must still fold the same states), for speed only:
-the general kernel does not spread a long row's keys over blocks. (Gemma's heads of 256 are
-past the split kernels' MAX_DIM anyway.)
+A sliding window or a score soft-cap (Gemma; Mistral and Phi-3 with a window) takes the same
+routes: each kernel of the family has a masked variant (_attention_common says how a window
+empties a row's leading splits and why every path still folds the same states), compiled apart
+from the plain one, so the layers without either run the code they ran before. Heads of 256
+dims (Gemma 2 / 3) take the kernels' wide variants; rope_attention stays with heads of up to
+128 (a wide one-token step runs qkv_rope, then the split kernel).
 """
 
 from vtllm.kernels.cuda import (
@@ -110,8 +107,7 @@ def qkv_attention(
     buffer for the rotated queries of the unfused path. Arguments as qkv_rope's and
     paged_attention's."""
     T, Hq, D = out.shape
-    plain = not (window or softcap)
-    if plain and T <= ROPE_TOKENS and fuses_rope(Hq, k_cache.shape[2], D):
+    if T <= ROPE_TOKENS and fuses_rope(Hq, k_cache.shape[2], D):
         rope_attention(
             qkv,
             k_cache,
@@ -128,6 +124,8 @@ def qkv_attention(
             scratch,
             q_norm=q_norm,
             k_norm=k_norm,
+            window=window,
+            softcap=softcap,
             stream=stream,
         )
         return
@@ -191,7 +189,7 @@ def paged_attention(
     would go to the prefill kernel to the flash kernel where it takes the cache and shape
     (tensor cores; other bits: _attention_flash). window > 0: query i sees only its last
     window positions (itself included); softcap > 0: scores s become softcap * tanh(s /
-    softcap) before the softmax; either runs the general kernel (the module docstring).
+    softcap) before the softmax (the module docstring).
     """
     check_attention(
         "paged_attention", q, out, k_cache, v_cache, block_tables, seq_lens, query_start_loc
@@ -202,23 +200,30 @@ def paged_attention(
     if seq_lens.shape[0] == 0 or t == 0:
         return
     meta = (block_tables, seq_lens, query_start_loc)
-    if window or softcap or not (split and supports(hq, k_cache.shape[2], d)):
+    masks = {"window": window, "softcap": softcap}
+    if not (split and supports(hq, k_cache.shape[2], d)):
         _attention_paged.general_attention(
-            q, k_cache, v_cache, *meta, scale, out, window=window, softcap=softcap, stream=stream
+            q, k_cache, v_cache, *meta, scale, out, **masks, stream=stream
         )
         return
     ring = t >= RING_MIN_ROWS
     if _fits_scratch(scratch, t, hq, d):  # decode: every row spread over blocks
         kernels = _attention_ring if ring else _attention_split
-        kernels.decode_attention(q, k_cache, v_cache, *meta, scale, out, scratch, stream=stream)
+        kernels.decode_attention(
+            q, k_cache, v_cache, *meta, scale, out, scratch, **masks, stream=stream
+        )
         return
     head = scratch[0].shape[0] if ring and _fits_scratch(scratch, 1, hq, d) else 0
     if head:  # the leading rows (decodes) through the ring kernel, a block a row
         _attention_ring.decode_attention(
-            q[:head], k_cache, v_cache, *meta, scale, out[:head], scratch, stream=stream
+            q[:head], k_cache, v_cache, *meta, scale, out[:head], scratch, **masks, stream=stream
         )
-    if flash and _attention_flash.supports(k_cache, hq, k_cache.shape[2], d):
-        prompt_rows = _attention_flash.flash_prefill
-    else:
-        prompt_rows = _attention_prefill.prefill_attention
-    prompt_rows(q, k_cache, v_cache, *meta, scale, out, first_token=head, stream=stream)
+    plain = not (window or softcap)
+    if flash and plain and _attention_flash.supports(k_cache, hq, k_cache.shape[2], d):
+        _attention_flash.flash_prefill(
+            q, k_cache, v_cache, *meta, scale, out, first_token=head, stream=stream
+        )
+        return
+    _attention_prefill.prefill_attention(
+        q, k_cache, v_cache, *meta, scale, out, first_token=head, **masks, stream=stream
+    )

@@ -87,6 +87,9 @@ TARGET_BLOCKS = 512
 # (tools/kernel_report.py); the extra warps hide more of the load latency than the spills
 # cost, unlike the compiler's own choice (bench/gpu_attention.py)
 _REGISTERS = {} if SIMULATOR else {"max_registers": 128}
+# the wide variants' shared array (~78 KB) lets two blocks share an SM whatever their
+# registers: 168 keep them free of spills (128 spilled up to 268 bytes a thread)
+_REGISTERS_WIDE = {} if SIMULATOR else {"max_registers": 168}
 
 
 def layout(dim: int) -> dict:
@@ -194,7 +197,7 @@ def _split_kernel(rope: bool, masked: bool, dim: int):
     static_words = at["words"] if dim == MAX_DIM else 0  # 0: dynamic (WIDE_SHARED_BYTES)
     q_per_thread = MAX_GROUP * dim // THREADS
 
-    @cuda.jit(cache=True, **_REGISTERS)
+    @cuda.jit(cache=True, **(_REGISTERS if dim == MAX_DIM else _REGISTERS_WIDE))
     def kernel(
         q,
         k_cache,

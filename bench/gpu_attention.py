@@ -21,7 +21,15 @@ without scratch) or of _attention_flash.py (tensor cores; needs --kv bfloat16; i
 rounding, not a bug). Each case launches its kernel once outside a graph before timing, so a
 profiler can take that launch: ncu --kernel-name regex:_prefill_kernel --launch-count 1
 --section SpeedOfLight --section WarpStateStats python -m bench.gpu_attention --prefill 1024
---shapes 8B"""
+--shapes 8B
+    --window N: every case through a sliding window of N keys (Gemma 3's local layers: 1024;
+a window no shorter than the context times the masked kernels on the global layers' work);
+--general adds the general kernel (_attention_paged, split=False) as a row of its own: what
+windowed, soft-capped or 256-dim layers ran before the exact family took them. The Gemma 3 4B
+case (8 query heads over 4 kv heads of 256 dims):
+    python -m bench.gpu_attention --kv bfloat16 --shapes gemma3-4b --general [--window 1024]
+    python -m bench.gpu_attention --kv bfloat16 --shapes gemma3-4b --general --prefill 1024 \
+        [--window 1024]"""
 
 import argparse
 import importlib.util
@@ -32,13 +40,19 @@ import torch
 from numba import cuda
 
 from bench.gpu_linear import numba_us, torch_us
+from vtllm.kernels.cuda import _attention_paged as attention_paged
 from vtllm.kernels.cuda import _attention_split as attention_split
 from vtllm.kernels.cuda.attention import make_scratch, paged_attention
 from vtllm.models.synthetic import to_bf16_bits
 
 TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # name: (query heads, kv heads, head dim)
-SHAPES = {"0.6B": (16, 8, 128), "8B": (32, 8, 128), "135M": (9, 3, 64)}
+SHAPES = {
+    "0.6B": (16, 8, 128),
+    "8B": (32, 8, 128),
+    "135M": (9, 3, 64),
+    "gemma3-4b": (8, 4, 256),
+}
 CASES = [  # (shape, batch, context)
     ("135M", 1, 512),
     ("0.6B", 1, 512),
@@ -48,9 +62,26 @@ CASES = [  # (shape, batch, context)
     ("8B", 32, 512),
     ("8B", 32, 1024),
     ("8B", 64, 1024),
+    ("gemma3-4b", 1, 1024),
+    ("gemma3-4b", 1, 4096),
+    ("gemma3-4b", 32, 1024),
 ]
 BS = 16
 L2_FLUSH_BYTES = 256 << 20  # KV bytes cycled through per case
+
+
+class General:
+    """The general kernel under the entry points the bench calls (no scratch, no splits)."""
+
+    TARGET_BLOCKS = 0  # (not used)
+
+    @staticmethod
+    def decode_attention(q, k, v, *meta_scale_out, scratch, window=0, stream=0):
+        attention_paged.general_attention(q, k, v, *meta_scale_out, window=window, stream=stream)
+
+    @staticmethod
+    def prefill_attention(q, k, v, *meta_scale_out, window=0, stream=0):
+        attention_paged.general_attention(q, k, v, *meta_scale_out, window=window, stream=stream)
 
 
 def load(path):
@@ -102,26 +133,32 @@ def main():
     p.add_argument("--kv", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--shapes", default=",".join(SHAPES), help="which of " + ", ".join(SHAPES))
     p.add_argument("--cases", default="", help="shape:batch:context,... instead of CASES")
+    p.add_argument("--window", type=int, default=0, help="a sliding window of this many keys")
+    p.add_argument("--general", action="store_true", help="time the general kernel too")
     args = p.parse_args()
     shapes = args.shapes.split(",")
     mods = [("ours", attention_split)] + [(Path(v).stem, load(v)) for v in args.variant]
+    mods += [("general", General)] if args.general else []
     if args.prefill:
-        return bench_prefill(mods, [int(n) for n in args.prefill.split(",")], shapes, args.kv)
+        lengths = [int(n) for n in args.prefill.split(",")]
+        return bench_prefill(mods, lengths, shapes, args.kv, args.window)
     targets = [int(t) for t in args.targets.split(",") if t]
     geometries = [tuple(int(x) for x in g.split(":")) for g in args.geometries.split(",") if g]
     cache_type = np.uint16 if args.kv == "bfloat16" else np.float32
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
-        f"{'kernel':22s} {'shape':5s} {'batch':>5s} {'ctx':>5s} {'us':>8s} "
+        f"{'kernel':22s} {'shape':9s} {'batch':>5s} {'ctx':>5s} {'us':>8s} "
         f"{'GB/s':>6s} {'torch us':>8s} {'GB/s':>6s} {'max err':>8s}"
+        + (f"  (window {args.window}: GB/s counts the window's keys)" if args.window else "")
     )
     cases = [(c.split(":")[0], *map(int, c.split(":")[1:])) for c in args.cases.split(",") if c]
     for shape, batch, ctx in [c for c in cases or CASES if c[0] in shapes]:
         hq, hk, d = SHAPES[shape]
         kcs, vcs, meta, q = case_arrays(rng, hq, hk, d, batch, ctx, args.kv)
         bf16 = args.kv == "bfloat16"
-        gb = batch * ctx * hk * d * (2 if bf16 else 4) * 2 / 1e3
+        keys = min(ctx, args.window) if args.window else ctx
+        gb = batch * keys * hk * d * (2 if bf16 else 4) * 2 / 1e3
         # the peer: contiguous K/V [batch, hk, ctx, d] expanded to the query heads
         dt = torch.bfloat16 if bf16 else torch.float32
         kt = torch.randn(batch, hk, ctx, d, device="cuda", dtype=dt).repeat_interleave(hq // hk, 1)
@@ -145,19 +182,22 @@ def main():
                 kcs, vcs, meta, q, d = kv
                 i = turn[0] % len(kcs)
                 turn[0] += 1
-                mod.decode_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, scratch, stream=stream)
+                window = {"window": args.window} if args.window else {}  # (older variants)
+                mod.decode_attention(
+                    q, kcs[i], vcs[i], *meta, d**-0.5, out, scratch=scratch, **window, stream=stream
+                )
 
             label = f"{name}@{target}" + ("" if geometry is None else f"@{geometry}")
             try:
                 us = numba_us(stream, fn)
             except Exception as exc:  # e.g. a geometry past the shared memory an SM has
-                print(f"{label:22s} {shape:5s} {batch:5d} {ctx:5d} failed: {exc}"[:200])
+                print(f"{label:22s} {shape:9s} {batch:5d} {ctx:5d} failed: {exc}"[:200])
                 continue
             got = out.copy_to_host()
             ref = got if ref is None else ref
             err = float(np.abs(got - ref).max())
             print(
-                f"{label:22s} {shape:5s} {batch:5d} {ctx:5d} {us:8.1f} "
+                f"{label:22s} {shape:9s} {batch:5d} {ctx:5d} {us:8.1f} "
                 f"{gb / us:6.0f} {peer:8.1f} {gb / peer:6.0f} {err:8.1e}"
             )
         torch.cuda.empty_cache()
@@ -175,16 +215,17 @@ def runs(mods, targets, geometries, cache_type):
             mod.GEOMETRY[cache_type] = original
 
 
-def bench_prefill(mods, lengths, shapes, kv):
+def bench_prefill(mods, lengths, shapes, kv, window=0):
     """One n-token prompt per case, KV already in the cache; TFLOP/s counts q.k and p.v over
-    the causal half (4 hq d n^2 / 2 flops)."""
+    the causal half (4 hq d n^2 / 2 flops; ours with a window: the keys it leaves; the peer
+    attends to every key)."""
     stream = cuda.stream()
     rng = np.random.default_rng(0)
     print(
-        f"{'kernel':24s} {'shape':5s} {'n':>5s} {'us':>9s} "
+        f"{'kernel':24s} {'shape':9s} {'n':>5s} {'us':>9s} "
         f"{'TFLOP/s':>8s} {'torch us':>9s} {'TFLOP/s':>8s} {'max err':>8s}"
     )
-    for shape in [s for s in ("135M", "0.6B", "8B") if s in shapes]:
+    for shape in [s for s in SHAPES if s in shapes]:
         hq, hk, d = SHAPES[shape]
         for n in lengths:
             kcs, vcs, _, _ = case_arrays(rng, hq, hk, d, 1, n, kv)
@@ -196,7 +237,9 @@ def bench_prefill(mods, lengths, shapes, kv):
                 cuda.to_device(np.array([0, n], np.int32)),
             )
             q = cuda.to_device(rng.standard_normal((n, hq, d)).astype(np.float32))
-            tflop = 4 * hq * d * n * n / 2 / 1e6
+            w = min(window, n) if window else n  # keys a row sees: i + 1, at most w
+            tflop = 4 * hq * d * (w * (w + 1) / 2 + (n - w) * w) / 1e6
+            peer_tflop = 4 * hq * d * n * n / 2 / 1e6
             qt = torch.randn(1, hq, n, d, device="cuda", dtype=TORCH_DTYPE[kv])
             kt, vt = torch.randn_like(qt), torch.randn_like(qt)
             peer = torch_us(
@@ -213,20 +256,22 @@ def bench_prefill(mods, lengths, shapes, kv):
                     kcs, vcs, meta, q, d = kv
                     i = turn[0] % len(kcs)
                     turn[0] += 1
+                    args = (q, kcs[i], vcs[i], *meta, d**-0.5, out)
+                    masks = {"window": window} if window else {}  # (older variants)
                     if hasattr(mod, "flash_prefill"):
-                        mod.flash_prefill(q, kcs[i], vcs[i], *meta, d**-0.5, out, stream=stream)
+                        mod.flash_prefill(*args, stream=stream)
                     elif hasattr(mod, "prefill_attention"):
-                        mod.prefill_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, stream=stream)
+                        mod.prefill_attention(*args, **masks, stream=stream)
                     else:
-                        paged_attention(q, kcs[i], vcs[i], *meta, d**-0.5, out, stream=stream)
+                        paged_attention(*args, **masks, stream=stream)
 
                 us = numba_us(stream, fn, reps=5)
                 got = out.copy_to_host()
                 ref = got if ref is None else ref
                 err = float(np.abs(got - ref).max())
                 print(
-                    f"{name:24s} {shape:5s} {n:5d} {us:9.1f} {tflop / us:8.2f} "
-                    f"{peer:9.1f} {tflop / peer:8.2f} {err:8.1e}"
+                    f"{name:24s} {shape:9s} {n:5d} {us:9.1f} {tflop / us:8.2f} "
+                    f"{peer:9.1f} {peer_tflop / peer:8.2f} {err:8.1e}"
                 )
             del kcs, vcs
             torch.cuda.empty_cache()
